@@ -1,0 +1,32 @@
+"""Torch-free rematerialization planning: the problem IR, plans, the checker and solvers.
+
+Nothing in this package imports torch; problems come from :mod:`rematc` or from files.
+"""
+
+from solvers.baselines import save_all
+from solvers.checker import Report, check
+from solvers.cpsat import min_feasible_peak, solve
+from solvers.plan import Decision, Plan, PlanError, Step, plan_from_decisions
+from solvers.problem import Node, Problem, ProblemError, Scale
+from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+
+__all__ = [
+    "Decision",
+    "InfeasibleBudgetError",
+    "Node",
+    "Plan",
+    "PlanError",
+    "Problem",
+    "ProblemError",
+    "Report",
+    "Scale",
+    "SolveResult",
+    "SolverConfig",
+    "Status",
+    "Step",
+    "check",
+    "min_feasible_peak",
+    "plan_from_decisions",
+    "save_all",
+    "solve",
+]

@@ -1,0 +1,319 @@
+r"""Exact save / recompute planning on OR-Tools CP-SAT.
+
+The model is the checker's memory model (:mod:`solvers.checker`) written as constraints,
+so that a plan the model accepts is one the checker accepts, and the optimum of the model
+is the best plan over all save/recompute assignments with the canonical schedule.
+
+Notation. Timeline steps :math:`k = 0..N-1`; the forward is :math:`k < F`. For a forward
+value :math:`v`: :math:`s_v` bytes, :math:`t_v` seconds, :math:`lf(v)` its last forward
+use, :math:`bu(v)` the backward steps that read it, :math:`fu(v)` its forward users.
+:math:`C` is the set of values that may need a decision (``problem.candidates``).
+
+Variables, for :math:`v \in C`:
+
+* :math:`S_v \in \{0,1\}`: v is saved across the forward/backward boundary;
+* :math:`R_v \in \{0,1\}`: v is recomputed in the backward;
+* :math:`P_v \in [F, N-1]`: the backward step v is recomputed before;
+* :math:`L_v \in [F, N-1]`: v's last backward consumer.
+
+Constraint families (one ``add_*`` function each):
+
+* one fate:   :math:`S_v + R_v \le 1`, and :math:`R_v = 0` if v is not recomputable;
+* needed:     :math:`S_v + R_v = 1` if :math:`bu(v) \ne \emptyset`, else
+  :math:`S_v + R_v \le \sum_{w \in fu(v)} R_w` (no decision for a value nobody reads);
+* chain:      :math:`R_w \Rightarrow S_u + R_u \ge 1` for every :math:`u \in deps(w) \cap C`;
+* anchor:     :math:`P_v \le \min bu(v)`, and :math:`R_w \Rightarrow P_u \le P_w` for
+  :math:`u \in deps(w)`: recompute no later than the first consumer;
+* last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
+  :math:`R_w \Rightarrow L_u \ge P_w`;
+* memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
+  units (``problem.scale``), over the fixed live intervals of every value (the baseline
+  :math:`b_k`: what no decision changes) plus, per candidate, the optional intervals
+  :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, and :math:`[P_v, L_v]` present iff
+  :math:`R_v`.
+
+Objective: :math:`\min \sum_{v \in C} t_v R_v` (time in ``problem.scale`` units).
+
+Why intervals and one cumulative (as Moccasin does) rather than Checkmate's
+:math:`O(N^2)` stage-by-value booleans: the recompute positions are the only freedom in
+time, so two integers per value describe a plan exactly, and the model grows linearly
+with the graph. Positions are free to be earlier / ends later than the canonical schedule
+(which only raises memory, not cost), so the optimum is unchanged and every solution maps
+to a canonical plan whose checker peak is no higher than the model's.
+
+With ``minimize_peak`` the capacity becomes a variable and the objective; that is how an
+infeasible budget is explained by the smallest feasible one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from solvers.checker import check, live_intervals
+from solvers.plan import Decision, Plan, plan_from_decisions
+from solvers.problem import Problem
+from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Model:
+    """The CP-SAT model of one problem, with its variables named as in the math."""
+
+    problem: Problem
+    cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
+    S: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    R: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    P: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    L: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    capacity: cp_model.IntVar | int = 0
+    sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
+
+
+def build(problem: Problem, *, minimize_peak: bool = False) -> Model:
+    """The model of ``problem`` (see the module docstring), objective included."""
+    m = Model(problem)
+    add_variables(m)
+    for family in (add_one_fate, add_needed, add_chain, add_anchor, add_last_use):
+        _timed(m, family.__name__, family)
+    _timed(m, "add_memory", lambda m: add_memory(m, minimize_peak=minimize_peak))
+    if minimize_peak:
+        m.cp.minimize(m.capacity)
+    else:
+        scale = problem.scale
+        m.cp.minimize(sum(scale.time(problem.nodes[v].time) * m.R[v] for v in m.R))
+    return m
+
+
+def add_variables(m: Model) -> None:
+    p = m.problem
+    f, last = p.n_forward, p.last_step
+    for v in p.candidates:
+        m.S[v] = m.cp.new_bool_var(f"S[{v}]")
+        m.R[v] = m.cp.new_bool_var(f"R[{v}]")
+        m.P[v] = m.cp.new_int_var(f, last, f"P[{v}]")
+        m.L[v] = m.cp.new_int_var(f, last, f"L[{v}]")
+
+
+def add_one_fate(m: Model) -> None:
+    """S_v + R_v <= 1; R_v = 0 when v may not be recomputed."""
+    for v in m.S:
+        m.cp.add(m.S[v] + m.R[v] <= 1)
+        if not m.problem.nodes[v].recomputable:
+            m.cp.add(m.R[v] == 0)
+
+
+def add_needed(m: Model) -> None:
+    """S_v + R_v = 1 if the backward reads v; else S_v + R_v <= sum_{w in fu(v)} R_w."""
+    p = m.problem
+    for v in m.S:
+        if p.backward_uses[v]:
+            m.cp.add(m.S[v] + m.R[v] == 1)
+        else:
+            m.cp.add(m.S[v] + m.R[v] <= sum(m.R[w] for w in p.forward_users[v] if w in m.R))
+
+
+def add_chain(m: Model) -> None:
+    """R_w => S_u + R_u >= 1 for every candidate u that w reads."""
+    for w in m.R:
+        for u in _candidate_deps(m, w):
+            m.cp.add(m.S[u] + m.R[u] >= 1).only_enforce_if(m.R[w])
+
+
+def add_anchor(m: Model) -> None:
+    """P_v <= min bu(v); R_w => P_u <= P_w for u in deps(w)."""
+    p = m.problem
+    for v in m.P:
+        if p.backward_uses[v]:
+            m.cp.add(m.P[v] <= min(p.backward_uses[v]))
+    for w in m.R:
+        for u in _candidate_deps(m, w):
+            m.cp.add(m.P[u] <= m.P[w]).only_enforce_if(m.R[w])
+
+
+def add_last_use(m: Model) -> None:
+    """L_v >= max bu(v); L_v >= P_v; R_w => L_u >= P_w for u in deps(w)."""
+    p = m.problem
+    for v in m.L:
+        if p.backward_uses[v]:
+            m.cp.add(m.L[v] >= max(p.backward_uses[v]))
+        m.cp.add(m.L[v] >= m.P[v])
+    for w in m.R:
+        for u in _candidate_deps(m, w):
+            m.cp.add(m.L[u] >= m.P[w]).only_enforce_if(m.R[w])
+
+
+def add_memory(m: Model, *, minimize_peak: bool) -> None:
+    """cumulative(baseline b_k, [lf(v)+1, L_v] if S_v, [P_v, L_v] if R_v) <= floor(B/q)."""
+    p = m.problem
+    scale = p.scale
+    base = baseline(p)
+    intervals: list[cp_model.IntervalVar] = []
+    demands: list[int] = []
+    for lo, hi, level in _segments(base):
+        if level:
+            intervals.append(m.cp.new_fixed_size_interval_var(lo, hi - lo + 1, f"base[{lo}]"))
+            demands.append(scale.mem(level))
+    for v in m.S:
+        size = scale.mem(p.nodes[v].size)
+        if size == 0:
+            continue
+        start = p.last_forward_use[v] + 1
+        end = m.L[v] + 1
+        intervals.append(m.cp.new_optional_interval_var(start, end - start, end, m.S[v], f"Save[{v}]"))
+        length = m.cp.new_int_var(1, p.last_step - p.n_forward + 1, f"len[{v}]")
+        intervals.append(
+            m.cp.new_optional_interval_var(m.P[v], length, end, m.R[v], f"Recompute[{v}]")
+        )
+        demands += [size, size]
+    floor = scale.mem(max(base, default=0))
+    if minimize_peak:
+        total = scale.mem(sum(n.size for n in p.nodes if not n.resident))
+        m.capacity = m.cp.new_int_var(floor, max(floor, total), "B")
+    else:
+        budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
+        m.capacity = scale.capacity(budget)
+    m.cp.add_cumulative(intervals, demands, m.capacity)
+    m.sizes["memory_intervals"] = len(intervals)
+
+
+def baseline(problem: Problem) -> list[int]:
+    """Bytes live at each step whatever the plan decides (nothing saved or recomputed)."""
+    delta = [0] * (len(problem.nodes) + 1)
+    for lo, hi, size in live_intervals(problem, Plan({})):
+        delta[lo] += size
+        delta[hi + 1] -= size
+    out, live = [], 0
+    for d in delta[:-1]:
+        live += d
+        out.append(live)
+    return out
+
+
+def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+    """The cheapest save/recompute plan within ``problem.budget``.
+
+    Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
+    fits. On a time-out, returns the best plan found (status FEASIBLE, with its gap), or
+    status UNKNOWN and no plan.
+    """
+    t0 = time.perf_counter()
+    model = build(problem)
+    solver = _solver(config)
+    hint_save_all(model)
+    code = solver.solve(model.cp)
+    wall = time.perf_counter() - t0
+    stats = _stats(model, solver, code)
+    if code == cp_model.INFEASIBLE:
+        assert problem.budget is not None
+        peak = min_feasible_peak(problem, config)
+        raise InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
+                                    proven=peak.status is Status.OPTIMAL)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if code == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
+        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                           bound=solver.best_objective_bound * problem.scale.seconds_per_unit,
+                           wall_time=wall, solver="cpsat", stats=stats)
+    plan = extract_plan(model, solver)
+    report = check(problem, plan)
+    if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
+        raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
+    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
+    return SolveResult(
+        status=status, plan=plan, report=report, objective=report.added_time,
+        bound=min(report.added_time, solver.best_objective_bound * problem.scale.seconds_per_unit),
+        wall_time=wall, solver="cpsat", stats=stats,
+    )
+
+
+def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+    """The plan with the smallest checker peak (any added time); ``report.peak`` is the
+    smallest feasible budget when the status is OPTIMAL."""
+    t0 = time.perf_counter()
+    model = build(problem.with_budget(None), minimize_peak=True)
+    solver = _solver(config)
+    code = solver.solve(model.cp)
+    wall = time.perf_counter() - t0
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                           bound=0.0, wall_time=wall, solver="cpsat-min-peak")
+    plan = extract_plan(model, solver)
+    report = check(problem, plan)
+    return SolveResult(
+        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
+        plan=plan, report=report, objective=report.added_time, bound=0.0, wall_time=wall,
+        solver="cpsat-min-peak", stats=_stats(model, solver, code),
+    )
+
+
+def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
+    """Read the decisions; the canonical schedule follows from them."""
+    decisions: dict[int, Decision] = {}
+    for v in model.S:
+        if solver.boolean_value(model.S[v]):
+            decisions[v] = Decision.SAVE
+        elif solver.boolean_value(model.R[v]):
+            decisions[v] = Decision.RECOMPUTE
+    return plan_from_decisions(model.problem, decisions)
+
+
+def hint_save_all(model: Model) -> None:
+    """Start the search from 'save what the backward reads, recompute nothing'."""
+    p = model.problem
+    for v in model.S:
+        direct = bool(p.backward_uses[v])
+        model.cp.add_hint(model.S[v], direct)
+        model.cp.add_hint(model.R[v], False)
+        if direct:
+            model.cp.add_hint(model.L[v], max(p.backward_uses[v]))
+            model.cp.add_hint(model.P[v], min(p.backward_uses[v]))
+
+
+def _solver(config: SolverConfig) -> cp_model.CpSolver:
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = config.time_limit
+    s.parameters.num_workers = config.workers or min(8, os.cpu_count() or 1)
+    s.parameters.random_seed = config.seed
+    s.parameters.relative_gap_limit = config.relative_gap
+    s.parameters.log_search_progress = config.log
+    return s
+
+
+def _candidate_deps(m: Model, w: int) -> Iterable[int]:
+    return (u for u in sorted(set(m.problem.nodes[w].deps)) if u in m.S)
+
+
+def _segments(levels: list[int]) -> Iterable[tuple[int, int, int]]:
+    """Maximal runs ``(first, last, level)`` of equal values."""
+    start = 0
+    for k in range(1, len(levels) + 1):
+        if k == len(levels) or levels[k] != levels[start]:
+            yield start, k - 1, levels[start]
+            start = k
+
+
+def _timed(m: Model, name: str, family: Callable[[Model], None]) -> None:
+    t0 = time.perf_counter()
+    before = len(m.cp.proto.constraints)
+    family(m)
+    m.sizes[name] = len(m.cp.proto.constraints) - before
+    log.debug("%s: %d constraints in %.3f s", name, m.sizes[name], time.perf_counter() - t0)
+
+
+def _stats(model: Model, solver: cp_model.CpSolver, code: int) -> dict[str, float | int | str]:
+    return {
+        "variables": len(model.cp.proto.variables),
+        "constraints": len(model.cp.proto.constraints),
+        "branches": solver.num_branches,
+        "conflicts": solver.num_conflicts,
+        "cp_status": solver.status_name(code),
+        **{f"n_{k}": v for k, v in model.sizes.items()},
+    }

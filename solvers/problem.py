@@ -1,0 +1,242 @@
+"""The rematerialization problem: one frozen, torch-free description of a training step.
+
+A problem is a DAG of *values* in a fixed topological order. Each value is one storage
+(a tensor's memory): the adapter that builds problems from FX graphs folds views and the
+elements of multi-output ops into the value that owns their storage, so every byte is
+counted once. All forward values come before all backward values; executing the problem
+means running node ``i`` at timeline step ``i``.
+
+Memory model (the plan checker in :mod:`solvers.checker` implements it, the CP-SAT model
+in :mod:`solvers.cpsat` encodes it):
+
+* a resident value (parameters, inputs: alive before the step starts) costs nothing;
+* any other value occupies ``size`` bytes from the step that computes it to the step of
+  its last use (inclusive: an op's inputs and its output coexist while it runs);
+* ``keep`` values (the forward's outputs, the gradients) stay until the end of the step.
+
+The budget bounds the peak of that sum over the step, in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+class ProblemError(ValueError):
+    """A problem that is not well formed; the message names the node and the mistake."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    """One value of the step: the op that produces it and what it costs."""
+
+    name: str
+    op: str = ""  # producing op, for reports only (e.g. "aten.mm")
+    deps: tuple[int, ...] = ()  # indices of the values this op reads; all smaller than ours
+    backward: bool = False  # computed by the backward (tangents and all that follows them)
+    size: int = 0  # bytes of the storage this value owns
+    time: float = 0.0  # seconds to compute it once (the device model's estimate)
+    flops: float = 0.0  # floating-point operations, for reports
+    recomputable: bool = True  # False for random ops and values that must be saved
+    resident: bool = False  # alive before the step (parameters, inputs): costs no budget
+    keep: bool = False  # stays until the end of the step (outputs, gradients)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Integer units for CP-SAT, chosen once per problem and reported back in real units.
+
+    ``bytes_per_unit`` is the gcd of all value sizes, so memory in units is exact.
+    ``seconds_per_unit`` makes the longest op ``TIME_RESOLUTION`` units, so times are
+    exact to one part in a million of the longest op.
+    """
+
+    bytes_per_unit: int
+    seconds_per_unit: float
+
+    TIME_RESOLUTION = 1_000_000
+
+    def mem(self, nbytes: int) -> int:
+        """Bytes to memory units, rounded up (sizes are exact multiples by construction)."""
+        return -(-nbytes // self.bytes_per_unit)
+
+    def capacity(self, nbytes: int) -> int:
+        """A budget in bytes to memory units, rounded down (never above the budget)."""
+        return nbytes // self.bytes_per_unit
+
+    def time(self, seconds: float) -> int:
+        return round(seconds / self.seconds_per_unit)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """A training step to plan: values in topological order, forward first."""
+
+    nodes: tuple[Node, ...]
+    budget: int | None = None  # bytes; None when only asked for a report
+    host_bandwidth: float = 0.0  # bytes/s each way between device and host; 0: no offload
+    name: str = ""
+    meta: dict[str, str] = field(default_factory=dict, compare=False)  # provenance only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        _validate(self)
+
+    # ---- derived structure, computed once -------------------------------------------
+
+    @cached_property
+    def n_forward(self) -> int:
+        """Number of forward values; steps ``0 .. n_forward-1`` are the forward."""
+        return sum(1 for n in self.nodes if not n.backward)
+
+    @cached_property
+    def users(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for d in sorted(set(n.deps)):
+                out[d].append(i)
+        return tuple(tuple(u) for u in out)
+
+    @cached_property
+    def last_step(self) -> int:
+        return len(self.nodes) - 1
+
+    @cached_property
+    def last_forward_use(self) -> tuple[int, ...]:
+        """Step of the last forward read of each value (its own step if none)."""
+        f = self.n_forward
+        return tuple(
+            max([i, *(u for u in self.users[i] if u < f)]) for i in range(len(self.nodes))
+        )
+
+    @cached_property
+    def backward_uses(self) -> tuple[tuple[int, ...], ...]:
+        """Backward steps that read each value directly."""
+        f = self.n_forward
+        return tuple(tuple(u for u in us if u >= f) for us in self.users)
+
+    @cached_property
+    def forward_users(self) -> tuple[tuple[int, ...], ...]:
+        f = self.n_forward
+        return tuple(tuple(u for u in us if u < f) for us in self.users)
+
+    @cached_property
+    def candidates(self) -> tuple[int, ...]:
+        """Forward values that may need a decision: the backward reads them directly or
+        through a chain of forward values that could be recomputed."""
+        f = self.n_forward
+        reach = [False] * f
+        for i in reversed(range(f)):
+            node = self.nodes[i]
+            if node.resident:
+                continue
+            reach[i] = bool(self.backward_uses[i]) or any(
+                reach[u] and self.nodes[u].recomputable for u in self.forward_users[i]
+            )
+        return tuple(i for i in range(f) if reach[i] and not self.nodes[i].keep)
+
+    @cached_property
+    def scale(self) -> Scale:
+        sizes = [n.size for n in self.nodes if n.size > 0 and not n.resident]
+        unit = math.gcd(*sizes) if sizes else 1
+        longest = max((n.time for n in self.nodes), default=0.0)
+        seconds = longest / Scale.TIME_RESOLUTION if longest > 0 else 1.0
+        return Scale(bytes_per_unit=unit, seconds_per_unit=seconds)
+
+    def index(self, name: str) -> int:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no value named {name!r} in problem {self.name!r}") from None
+
+    @cached_property
+    def _by_name(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    def with_budget(self, budget: int | None) -> Problem:
+        return Problem(
+            nodes=self.nodes,
+            budget=budget,
+            host_bandwidth=self.host_bandwidth,
+            name=self.name,
+            meta=dict(self.meta),
+        )
+
+    def describe(self, i: int) -> str:
+        n = self.nodes[i]
+        phase = "backward" if n.backward else "forward"
+        return f"#{i} {n.name} ({n.op or 'value'}, {phase}, {n.size} B)"
+
+
+def _validate(p: Problem) -> None:
+    seen: set[str] = set()
+    in_backward = False
+    for i, n in enumerate(p.nodes):
+        where = f"node #{i} {n.name!r}"
+        if not isinstance(n, Node):
+            raise ProblemError(f"node #{i} is a {type(n).__name__}, not a solvers.Node")
+        if not n.name:
+            raise ProblemError(f"node #{i} has an empty name")
+        if n.name in seen:
+            raise ProblemError(f"{where}: the name is used twice; names must be unique")
+        seen.add(n.name)
+        if n.size < 0 or not isinstance(n.size, int):
+            raise ProblemError(f"{where}: size must be a non-negative int of bytes, got {n.size!r}")
+        if not (math.isfinite(n.time) and n.time >= 0):
+            raise ProblemError(f"{where}: time must be finite and >= 0 seconds, got {n.time!r}")
+        for d in n.deps:
+            if not isinstance(d, int) or not 0 <= d < i:
+                raise ProblemError(
+                    f"{where}: dependency {d!r} is not an earlier node; "
+                    "nodes must be listed in topological order"
+                )
+            if n.backward is False and p.nodes[d].backward:
+                raise ProblemError(f"{where}: a forward value cannot read backward value #{d}")
+        if n.backward:
+            in_backward = True
+        elif in_backward:
+            raise ProblemError(f"{where}: forward value after the first backward value")
+        if n.resident and (n.deps or n.backward):
+            raise ProblemError(f"{where}: a resident value must be a forward input with no deps")
+    if p.budget is not None and (not isinstance(p.budget, int) or p.budget < 0):
+        raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
+    if not (math.isfinite(p.host_bandwidth) and p.host_bandwidth >= 0):
+        raise ProblemError(f"host_bandwidth must be >= 0 bytes/s, got {p.host_bandwidth!r}")
+
+
+def node(
+    name: str,
+    *deps: int,
+    size: int = 1,
+    time: float = 1.0,
+    backward: bool = False,
+    **kw: object,
+) -> Node:
+    """Short constructor for hand-built graphs in tests and examples."""
+    return Node(name=name, deps=tuple(deps), size=size, time=time, backward=backward, **kw)  # type: ignore[arg-type]
+
+
+def chain_problem(sizes: Sequence[int], times: Sequence[float], *, budget: int | None = None) -> Problem:
+    """A forward chain x0 -> x1 -> ... and its mirrored backward, as autograd builds it:
+    backward step k reads forward value n-1-k and the previous gradient."""
+    n = len(sizes)
+    nodes: list[Node] = [Node(name="input", resident=True, size=sizes[0] if sizes else 0)]
+    for k in range(n):
+        nodes.append(Node(name=f"f{k}", deps=(k,), size=sizes[k], time=times[k]))
+    for k in range(n):
+        fwd = n - k  # index of f{n-1-k}
+        prev = (len(nodes) - 1,) if k else ()
+        nodes.append(
+            Node(
+                name=f"g{n - 1 - k}",
+                deps=(fwd, *prev),
+                size=sizes[n - 1 - k],
+                time=times[n - 1 - k],
+                backward=True,
+                keep=(k == n - 1),
+            )
+        )
+    return Problem(nodes=tuple(nodes), budget=budget, name="chain")

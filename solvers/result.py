@@ -1,0 +1,71 @@
+"""What every solver takes and returns: one config type, one result type, one error."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from solvers.checker import Report
+from solvers.plan import Plan
+from solvers.problem import Problem
+
+
+class Status(enum.Enum):
+    OPTIMAL = "optimal"  # proven best under the model
+    FEASIBLE = "feasible"  # a plan within budget, optimality not proven (see gap)
+    INFEASIBLE = "infeasible"  # proven: no plan fits the budget
+    UNKNOWN = "unknown"  # the time limit hit before any plan or proof
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolverConfig:
+    time_limit: float = 60.0  # seconds of wall time for one solve
+    workers: int = 0  # CP-SAT search workers; 0 = one per core
+    seed: int = 0  # CP-SAT random seed: same seed and workers, same plan
+    relative_gap: float = 0.0  # stop once (objective - bound) / objective <= this
+    log: bool = False  # CP-SAT's own search log to stderr
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveResult:
+    status: Status
+    plan: Plan | None
+    report: Report | None  # the checker's verdict on ``plan``
+    objective: float  # seconds added by the plan (the checker's figure)
+    bound: float  # seconds: no plan within budget adds less
+    wall_time: float  # seconds spent solving
+    solver: str
+    stats: Mapping[str, float | int | str] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        """Relative optimality gap, 0 when proven optimal."""
+        if self.status is Status.OPTIMAL or self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+class InfeasibleBudgetError(ValueError):
+    """No plan keeps the step's peak within the budget; says the smallest budget that works."""
+
+    def __init__(self, budget: int, min_feasible: int | None, *, proven: bool = True) -> None:
+        self.budget = budget
+        self.min_feasible = min_feasible
+        if min_feasible is None:
+            hint = "no smaller budget could be determined in the time limit"
+        else:
+            exact = "" if proven else " (best found; the true minimum may be lower)"
+            hint = f"the smallest feasible budget is {min_feasible} bytes ({_mib(min_feasible)}){exact}"
+        super().__init__(f"budget {budget} bytes ({_mib(budget)}) cannot be met: {hint}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+class Solver(Protocol):
+    """Every solver: ``solve(problem, config) -> SolveResult``; budget from the problem."""
+
+    def __call__(self, problem: Problem, config: SolverConfig, /) -> SolveResult: ...
