@@ -1,0 +1,26 @@
+"""rematc: activation-memory planning for PyTorch training under a byte budget.
+
+``torch.compile(model, backend="rematc", options={"budget": "2GiB"})`` or
+``rematc.compile(model, budget="2GiB")``.
+"""
+
+from rematc.backend import Backend, compile, rematc_backend
+from rematc.devices import PROFILES, DeviceProfile
+from rematc.options import Options
+from rematc.partition import PartitionRecord, records
+from solvers import InfeasibleBudgetError
+from solvers.budget import Budget, parse_budget
+
+__all__ = [
+    "PROFILES",
+    "Backend",
+    "Budget",
+    "DeviceProfile",
+    "InfeasibleBudgetError",
+    "Options",
+    "PartitionRecord",
+    "compile",
+    "parse_budget",
+    "records",
+    "rematc_backend",
+]

@@ -1,0 +1,165 @@
+"""Cost analysis: one typed record per FX node, under ``node.meta["rematc"]``.
+
+* FLOPs from torch's flop counter registry (``torch.utils.flop_counter.flop_registry``)
+  evaluated on the fake tensors of ``node.meta["val"]``. The CPU flash-attention kernel
+  is not in the registry; it gets the standard attention count (4·B·H·Tq·Tk·D, halved
+  when causal; 2.5x that for its backward, as FlashAttention's paper counts). Any other
+  op without a formula counts 0 FLOPs and is costed by the bytes it moves (pointwise,
+  reductions, copies): a documented fallback, never an error.
+* Bytes: the storage bytes a node *allocates*. Tensors that share a storage (views,
+  in-place results, the elements of a multi-output op seen through ``getitem``) are
+  counted once, on the first node that holds the storage, its ``owner``.
+* Time: the roofline of :mod:`rematc.devices` over FLOPs and bytes read plus written.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.fx.experimental.symbolic_shapes import optimization_hint
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils.flop_counter import flop_registry
+
+from rematc.devices import DeviceProfile
+
+log = logging.getLogger(__name__)
+
+META_KEY = "rematc"
+
+_aten = torch.ops.aten
+_SDPA_CPU = _aten._scaled_dot_product_flash_attention_for_cpu.default
+_SDPA_CPU_BWD = _aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeCost:
+    flops: float  # floating-point operations
+    flops_source: str  # "registry", "attention formula" or "none (memory-bound)"
+    nbytes: int  # bytes of storage this node allocates (0 when it aliases another node)
+    owner: str  # name of the node whose storage this node's output lives in
+    bytes_moved: int  # storage bytes read plus written
+    dtype: str  # dtype of the (first) tensor output, "" when there is none
+    device: str
+    is_random: bool  # draws random numbers: never recomputed with fresh randomness
+    is_view: bool  # output aliases an input's storage
+    is_cheap: bool  # no FLOPs to speak of: pointwise, view, reduction, copy
+    time: float  # seconds, roofline estimate
+
+
+def annotate(gm: fx.GraphModule, device: DeviceProfile) -> dict[fx.Node, NodeCost]:
+    """Write a :class:`NodeCost` into every node's meta and return them."""
+    owners: dict[StorageWeakRef, fx.Node] = {}
+    costs: dict[fx.Node, NodeCost] = {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        cost = _cost(node, owners, costs, device)
+        node.meta[META_KEY] = cost
+        costs[node] = cost
+    return costs
+
+
+def is_random(node: fx.Node) -> bool:
+    """Random ops: tagged ``nondeterministic_seeded``, plus Inductor's seeded random prims,
+    which ``replace_random`` introduces and which carry no tag."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        if torch.Tag.nondeterministic_seeded in target.tags:
+            return True
+        return target.namespace == "prims" and target.name().startswith(
+            ("prims::inductor_random", "prims::inductor_randint", "prims::inductor_seeds")
+        )
+    return False
+
+
+def tensors(val: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(val) if isinstance(t, torch.Tensor)]
+
+
+def _cost(
+    node: fx.Node,
+    owners: dict[StorageWeakRef, fx.Node],
+    costs: dict[fx.Node, NodeCost],
+    device: DeviceProfile,
+) -> NodeCost:
+    outs = tensors(node.meta.get("val"))
+    nbytes = 0
+    owner: fx.Node | None = None
+    for t in outs:
+        key = StorageWeakRef(t.untyped_storage())
+        first = owners.setdefault(key, node)
+        if first is node:
+            nbytes += _storage_bytes(t)
+        owner = owner or first
+    owner = owner or node
+    is_view = owner is not node
+    if node.op != "call_function":
+        flops, source = 0.0, "none (memory-bound)"
+    else:
+        flops, source = node_flops(node)
+    read = sum(costs[a].nbytes if costs[a].owner == a.name else _val_bytes(a)
+               for a in node.all_input_nodes if a in costs)
+    moved = 0 if is_view or node.target is operator.getitem else read + nbytes
+    itemsize = outs[0].element_size() if outs else 4
+    time = 0.0
+    if node.op == "call_function" and not is_view and node.target is not operator.getitem:
+        time = device.op_time(flops=flops, bytes_moved=moved, itemsize=itemsize)
+    return NodeCost(
+        flops=flops,
+        flops_source=source,
+        nbytes=nbytes,
+        owner=owner.name,
+        bytes_moved=moved,
+        dtype=str(outs[0].dtype).removeprefix("torch.") if outs else "",
+        device=str(outs[0].device) if outs else "",
+        is_random=is_random(node),
+        is_view=is_view,
+        is_cheap=flops == 0,
+        time=time,
+    )
+
+
+def node_flops(node: fx.Node) -> tuple[float, str]:
+    """FLOPs of one call_function node and where the number comes from."""
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)
+    formula = flop_registry.get(packet) if packet is not None else None
+    try:
+        args, kwargs = tree_map(_val, (node.args, node.kwargs))
+        if formula is not None:
+            return float(formula(*args, **kwargs, out_val=node.meta.get("val"))), "registry"
+        if target in (_SDPA_CPU, _SDPA_CPU_BWD):
+            return _attention_flops(target, args, kwargs), "attention formula"
+    except Exception as e:  # a formula that cannot read these shapes: cost by bytes instead
+        log.debug("no FLOP count for %s: %s", node.format_node(), e)
+    return 0.0, "none (memory-bound)"
+
+
+def _attention_flops(target: Any, args: Any, kwargs: dict[str, Any]) -> float:
+    """4·B·H·Tq·Tk·D (two matmuls of 2·M·N·K), halved when causal; backward 2.5x."""
+    backward = target is _SDPA_CPU_BWD
+    q, k = (args[1], args[2]) if backward else (args[0], args[1])
+    causal_pos = 7 if backward else 4
+    causal = kwargs.get("is_causal", args[causal_pos] if len(args) > causal_pos else False)
+    b, h, tq, d = (int(s) for s in q.shape)
+    f = 4.0 * b * h * tq * int(k.shape[-2]) * d * (0.5 if causal else 1.0)
+    return 2.5 * f if backward else f
+
+
+def _val(a: Any) -> Any:
+    return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+
+def _val_bytes(node: fx.Node) -> int:
+    return sum(_storage_bytes(t) for t in tensors(node.meta.get("val")))
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    # Symbolic sizes (dynamic shapes) are planned at their size hint, as the partitioner does.
+    return int(optimization_hint(t.untyped_storage().nbytes(), fallback=4096))

@@ -1,0 +1,71 @@
+"""The ``rematc`` torch.compile backend.
+
+Registered under the ``torch_dynamo_backends`` entry point, so
+``torch.compile(model, backend="rematc", options={"budget": "2GiB"})`` works without
+importing rematc. Dynamo passes ``options`` (and ``mode``) only when they are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from rematc.options import Options
+from rematc.partition import RematPartitioner
+
+
+class Backend:
+    """A torch.compile backend with fixed options: ``torch.compile(m, backend=Backend(o))``."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        partitioner = RematPartitioner(self.options)
+        if self.options.compiler == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, list(example_inputs),
+                              config_patches={"custom_partitioner_fn": partitioner})
+        # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
+        # no codegen (what the aot_eager backend does, with our partitioner).
+        eager = aot_autograd(
+            fw_compiler=_boxed_eager,
+            bw_compiler=_boxed_eager,
+            partition_fn=partitioner,
+            keep_inference_input_mutations=True,
+        )
+        return eager(gm, example_inputs)
+
+
+def rematc_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+) -> Callable[..., Any]:
+    """Entry point of ``backend="rematc"``; ``mode`` is accepted and ignored."""
+    return Backend(Options.from_mapping(options))(gm, example_inputs)
+
+
+def _boxed_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    return make_boxed_func(gm.forward)
+
+
+def compile(model: torch.nn.Module | Callable[..., Any], *, budget: object = None,
+            **options: Any) -> Any:
+    """``torch.compile`` with the rematc backend: ``rematc.compile(model, budget="2GiB")``.
+
+    ``options`` are those of ``torch.compile(..., options=...)`` for rematc: compiler,
+    device, verify, time_limit, workers, seed, gap. Keyword ``dynamic``/``fullgraph``
+    go to torch.compile.
+    """
+    compile_kwargs = {k: options.pop(k) for k in ("dynamic", "fullgraph") if k in options}
+    opts = Options.from_mapping({"budget": budget, **options})
+    return torch.compile(model, backend=Backend(opts), **compile_kwargs)
