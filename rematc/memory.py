@@ -1,0 +1,223 @@
+"""Measured peak memory of one training step.
+
+All functions take a zero-argument ``step`` (typically forward + ``backward()``), run
+it once, and return the peak number of bytes live during the step *above what was
+live just before it*: parameters, inputs and anything else allocated before the call
+are not counted. Warm the step up first: a first call also measures lazy
+initialisation (and, for a compiled model, compilation).
+
+Keep frees of pre-existing tensors out of the step (call
+``model.zero_grad(set_to_none=True)`` before it, not inside): ``profiler_peak`` cannot
+see them and ``rss_peak`` can, so with them the two methods measure different things.
+
+Three methods:
+
+* ``profiler_peak`` — CPU (or any device the profiler reports): allocator events from
+  ``torch.profiler``. The primary metric.
+* ``rss_peak`` — Linux: the process's resident-set high-water mark. An independent
+  cross-check for ``profiler_peak``; needs the process started with
+  ``MALLOC_MMAP_THRESHOLD_=65536``.
+* ``cuda_peak`` — CUDA: the caching allocator's own peak statistics.
+
+``measure_peak(step, device=...)`` picks the primary method for a device.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+__all__ = [
+    "MALLOC_MMAP_THRESHOLD",
+    "MeasurementSetupError",
+    "cuda_peak",
+    "measure_peak",
+    "profiler_peak",
+    "rss_peak",
+]
+
+Step = Callable[[], object]
+
+# Value of glibc's MALLOC_MMAP_THRESHOLD_ under which rss_peak tracks live bytes: every
+# allocation of 64 KiB or more gets its own mmap and is unmapped (leaves RSS) on free.
+MALLOC_MMAP_THRESHOLD = 65536
+
+
+class MeasurementSetupError(RuntimeError):
+    """The process or platform cannot give a trustworthy measurement with this method."""
+
+
+def profiler_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
+    """Peak bytes allocated on ``device`` during ``step()``, above the pre-step live set.
+
+    Runs ``step`` once under ``torch.profiler`` with ``profile_memory=True``. Every
+    allocation and free through the c10 allocator of a profiled device is recorded as a
+    ``[memory]`` event with a signed byte count (negative for frees). Sorting those
+    events by start time and keeping a running sum gives the bytes live among those
+    allocated during the step; the maximum of that sum (and 0) is returned.
+
+    The profiler does not report frees of memory allocated before profiling started
+    (c10 warns "Memory block of unknown size was allocated before the profiling
+    started"). So if the step frees pre-existing tensors, for example
+    ``zero_grad(set_to_none=True)`` inside the step, the result is not reduced by
+    them: it overstates the peak above the pre-step live set by up to those bytes.
+
+    Why this method:
+
+    * It sees every allocation, including buffers allocated inside Inductor-generated
+      code, so compiled and eager steps are measured the same way.
+    * It counts tensor bytes exactly, independent of how malloc manages the heap.
+    * Trackers built on ``TorchDispatchMode`` (such as ``MemTracker``) are exact for
+      eager code but measure the wrong thing under ``torch.compile``: Dynamo does not
+      compile a frame while a dispatch mode is active, so the *eager* model runs and is
+      measured instead.
+
+    It relies on ``prof.profiler.kineto_results``, which is not public API; the public
+    ``FunctionEvent`` view rounds timestamps to microseconds, which can reorder an
+    allocation and a free that happen close together.
+    """
+    dev = torch.device(device)
+    device_type = dev.type.upper()
+    activities = [ProfilerActivity.CPU]
+    if device_type == "CUDA":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, profile_memory=True) as prof:
+        step()
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    if results is None:
+        raise MeasurementSetupError(
+            "profiler_peak: the profiler returned no results; is another profiler "
+            "already running in this process?"
+        )
+    events = sorted(
+        (
+            e
+            for e in results.events()
+            if e.name() == "[memory]"
+            and e.device_type().name == device_type
+            and (dev.index is None or e.device_index() == dev.index)
+        ),
+        key=lambda e: e.start_ns(),
+    )
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (e.g. ``VmRSS``), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise MeasurementSetupError(f"rss_peak: /proc/self/status has no {field} field")
+
+
+def _check_mmap_threshold(*, strict: bool) -> None:
+    # glibc reads the variable once, at process start, so it must already be in the
+    # environment this process was started with; setting it now has no effect.
+    value = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    if value is not None and value.strip().isdigit() and int(value) <= MALLOC_MMAP_THRESHOLD:
+        return
+    message = (
+        f"rss_peak: MALLOC_MMAP_THRESHOLD_ is {value!r}; start the process with "
+        f"MALLOC_MMAP_THRESHOLD_={MALLOC_MMAP_THRESHOLD} in its environment. Without it "
+        "glibc keeps freed tensor memory in the heap and the RSS peak is not the peak "
+        "of live tensors"
+    )
+    if strict:
+        raise MeasurementSetupError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def rss_peak(step: Step, *, strict: bool = True) -> int:
+    """Growth of the process's peak resident set during ``step()``, in bytes.
+
+    Resets the kernel's high-water mark ``VmHWM`` to the current RSS by writing ``5``
+    to ``/proc/self/clear_refs``, reads ``VmRSS``, runs ``step``, and returns
+    ``VmHWM`` minus that ``VmRSS``. Linux only.
+
+    The number approximates peak live tensor bytes only if freed tensors leave the
+    resident set, which glibc does not do by default: it keeps freed heap memory for
+    reuse. Start the process with ``MALLOC_MMAP_THRESHOLD_=65536`` so that every
+    allocation of 64 KiB or more is its own mmap, returned to the kernel on free. Then
+    this agrees with ``profiler_peak`` to within a few MiB; the difference is small
+    allocations, page granularity and non-tensor memory. The mmap/munmap per tensor
+    makes steps slower, so time steps in a separate process without the variable.
+
+    Raises ``MeasurementSetupError`` if the variable is missing or larger than 65536
+    (with ``strict=False``, warns instead), or off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        raise MeasurementSetupError(
+            f"rss_peak: needs Linux /proc (VmHWM, clear_refs); this is {sys.platform}. "
+            "Use profiler_peak instead"
+        )
+    _check_mmap_threshold(strict=strict)
+    # Release garbage left by earlier code so it cannot be freed during the step.
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError as e:
+        raise MeasurementSetupError(
+            f"rss_peak: cannot reset the RSS high-water mark ({e}); writing "
+            "/proc/self/clear_refs needs a kernel ≥ 4.0 and is blocked in some sandboxes. "
+            "Use profiler_peak instead"
+        ) from e
+    before = _status_bytes("VmRSS")
+    step()
+    return _status_bytes("VmHWM") - before
+
+
+def cuda_peak(step: Step, *, device: str | torch.device = "cuda") -> int:
+    """Peak bytes allocated by the CUDA caching allocator during ``step()``, above the
+    bytes allocated before it.
+
+    Uses ``torch.cuda.reset_peak_memory_stats`` and ``max_memory_allocated``, which
+    count tensor allocations (rounded up to the allocator's 512-byte blocks), not
+    memory reserved by the cache.
+    """
+    if not torch.cuda.is_available():
+        raise MeasurementSetupError("cuda_peak: CUDA is not available; use profiler_peak")
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+Method = Literal["profiler", "rss", "cuda"]
+
+
+def measure_peak(step: Step, *, device: str | torch.device, method: Method | None = None) -> int:
+    """Peak bytes of ``step()`` above the pre-step live set, measured on ``device``.
+
+    By default CPU uses ``profiler_peak`` and CUDA uses ``cuda_peak``; pass ``method``
+    to choose (``"rss"`` is CPU-only).
+    """
+    device_type = torch.device(device).type
+    if method is None:
+        method = "cuda" if device_type == "cuda" else "profiler"
+    if method == "profiler":
+        return profiler_peak(step, device=device)
+    if method == "cuda":
+        if device_type != "cuda":
+            raise ValueError(f"measure_peak: method='cuda' on device {device!s}; use 'profiler'")
+        return cuda_peak(step, device=device)
+    if method == "rss":
+        if device_type != "cpu":
+            raise ValueError(
+                f"measure_peak: method='rss' measures host memory, not {device!s}; use 'cuda'"
+            )
+        return rss_peak(step)
+    raise ValueError(f"measure_peak: unknown method {method!r}; expected profiler, rss or cuda")
