@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
 
 from rematc.options import Options
 from rematc.partition import RematPartitioner
@@ -55,7 +54,15 @@ def rematc_backend(
 
 
 def _boxed_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    return make_boxed_func(gm.forward)
+    """Run the graph node by node, freeing each value after its last use and taking the
+    arguments out of AOTAutograd's list (the boxed convention): otherwise the list keeps
+    every saved activation alive to the end of the backward, whatever the plan says."""
+
+    def run(args: list[Any]) -> Any:
+        return fx.Interpreter(gm, garbage_collect_values=True).boxed_run(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def compile(model: torch.nn.Module | Callable[..., Any], *, budget: object = None,
