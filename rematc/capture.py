@@ -66,6 +66,12 @@ def capture(
 
     by_name = {n.name: n for n in nodes}
     owner = {n: by_name[costs[n].owner] for n in nodes if _has_storage(costs[n])}
+    # Storages alive before the step (parameters, inputs, buffers) cost nothing, so
+    # nodes aliasing them (a transposed weight, an in-place buffer update) need no
+    # grouping: each stays its own zero-byte value with its own inputs and position.
+    for n, o in owner.items():
+        if o.op == "placeholder" and (_is_primal(o) or _is_fwd_seed_offset(o)):
+            owner[n] = n
     order = [n for n in nodes if n in forward] + _backward_order(nodes, forward)
     owners = [n for n in order if owner.get(n) is n]
     value_of = {n: i for i, n in enumerate(owners)}

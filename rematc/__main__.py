@@ -1,0 +1,3 @@
+from rematc.cli import main
+
+raise SystemExit(main())

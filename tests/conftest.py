@@ -1,0 +1,34 @@
+"""Shared test setup: a clean Dynamo state per test and no compile caches.
+
+Caches would let Inductor reuse a graph partitioned by an earlier test with other
+options (the partitioner's uuid keys them, but then the partitioner does not run at all
+and leaves no record to check).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def same_random_as_eager() -> Iterator[None]:
+    """Make Inductor draw dropout masks with eager's generator, so compiled and eager
+    steps see the same masks and gradients can be compared."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fallback_random=True):
+        yield

@@ -1,0 +1,86 @@
+"""End-to-end helpers: build an example, run one training step eagerly and compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import rematc
+from rematc.models import CNNConfig, GPTConfig, InPlaceNetConfig, MLPConfig, make_cnn, make_gpt, make_inplace, make_mlp
+from solvers import InfeasibleBudgetError
+
+# Small but not trivial: activations dominate the step, so budgets have room to bite.
+MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "mlp": lambda: make_mlp(MLPConfig(), batch=64, seed=0),
+    "gpt": lambda: make_gpt(GPTConfig.tiny(dropout=0.1), batch=4, seed=0),
+    "cnn": lambda: make_cnn(CNNConfig(), batch=8, seed=0),
+    "inplace": lambda: make_inplace(InPlaceNetConfig(), batch=512, seed=0),
+}
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+
+def run_step(model: nn.Module, fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
+             *, seed: int = 1234) -> StepResult:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = fn(*inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return StepResult(loss.detach(), grads, buffers)
+
+
+def eager_and_compiled(name: str, *, budget: object, compiler: str) -> tuple[StepResult, StepResult, rematc.PartitionRecord]:
+    """One step of the eager model and one of a fresh copy compiled by rematc."""
+    model, inputs = MODELS[name]()
+    reference = run_step(model, model, inputs)
+    model, inputs = MODELS[name]()
+    compiled = rematc.compile(model, budget=budget, compiler=compiler)
+    before = len(rematc.records())
+    result = run_step(model, compiled, inputs)
+    assert len(rematc.records()) > before, "the rematc partitioner did not run"
+    return reference, result, rematc.records()[-1]
+
+
+def smallest_feasible_budget(name: str, *, compiler: str) -> int:
+    """Ask for an impossible budget; the error says the smallest feasible one."""
+    model, inputs = MODELS[name]()
+    compiled = rematc.compile(model, budget=1, compiler=compiler)
+    try:
+        compiled(*inputs).backward()
+    except Exception as e:
+        err = infeasible_cause(e)
+        assert err is not None, f"expected an InfeasibleBudgetError, got {e!r}"
+        assert err.min_feasible is not None
+        return err.min_feasible
+    raise AssertionError("a 1-byte budget was accepted")
+
+
+def infeasible_cause(e: BaseException | None) -> InfeasibleBudgetError | None:
+    """The InfeasibleBudgetError inside Dynamo's BackendCompilerFailed wrapper."""
+    while e is not None:
+        if isinstance(e, InfeasibleBudgetError):
+            return e
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    return None
+
+
+def assert_same_step(reference: StepResult, result: StepResult, *, rtol: float, atol: float) -> None:
+    torch.testing.assert_close(result.loss, reference.loss, rtol=rtol, atol=atol)
+    assert result.grads.keys() == reference.grads.keys()
+    for key, expected in reference.grads.items():
+        torch.testing.assert_close(result.grads[key], expected, rtol=rtol, atol=atol,
+                                   msg=lambda m, k=key: f"gradient of {k}: {m}")
+    for key, expected in reference.buffers.items():
+        torch.testing.assert_close(result.buffers[key], expected, rtol=rtol, atol=atol,
+                                   msg=lambda m, k=key: f"buffer {k}: {m}")

@@ -1,0 +1,74 @@
+"""Budgets as users write them, and rematc's options."""
+
+from __future__ import annotations
+
+import pytest
+
+from rematc import Options
+from solvers.budget import Budget, format_bytes, parse_budget
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        (0, 0),
+        (4096, 4096),
+        ("512MiB", 512 * 2**20),
+        ("2GB", 2 * 10**9),
+        ("1.5GiB", 3 * 2**29),
+        ("800 KiB", 800 * 1024),
+        ("4096B", 4096),
+        ("2gib", 2 * 2**30),
+        ("1024", 1024),
+    ],
+)
+def test_sizes(text: object, nbytes: int) -> None:
+    assert parse_budget(text) == Budget(nbytes=nbytes)
+    assert parse_budget(text).resolve(10**12) == nbytes
+
+
+@pytest.mark.parametrize(("text", "fraction"), [("40%", 0.4), (0.4, 0.4), ("0.25", 0.25), (1.0, 1.0), ("100%", 1.0)])
+def test_fractions(text: object, fraction: float) -> None:
+    budget = parse_budget(text)
+    assert budget.fraction == pytest.approx(fraction)
+    assert budget.resolve(1000) == int(fraction * 1000)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "12 parsecs", "-5", "-1GiB", 1.5, 0.0, -0.1, "0%", "150%",
+                                 True, -1, "GiB", None, [1], float("nan")])
+def test_malformed(bad: object) -> None:
+    with pytest.raises(ValueError, match="expected an int of bytes") as info:
+        parse_budget(bad)
+    assert repr(bad)[:10] in str(info.value) or str(bad) in str(info.value)
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * 2**30) == "3.00 GiB"
+    assert format_bytes(12) == "12 B"
+
+
+def test_options_from_mapping() -> None:
+    opts = Options.from_mapping({"budget": "1GiB", "compiler": "eager", "time_limit": 5,
+                                 "workers": 2, "seed": 3, "gap": 0.01, "device": "h100"})
+    assert opts.budget == Budget(nbytes=2**30)
+    assert opts.solver.time_limit == 5 and opts.solver.workers == 2 and opts.solver.seed == 3
+    assert opts.solver.relative_gap == 0.01
+    assert Options.from_mapping(None) == Options()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"budgt": 1}, "unknown rematc option"),
+        ({"compiler": "tvm"}, "'compiler' must be one of"),
+        ({"device": "tpu"}, "'device' must be one of"),
+        ({"time_limit": -1}, "'time_limit' must be a non-negative number"),
+        ({"workers": 1.5}, "'workers' must be a non-negative int"),
+        ({"verify": "yes"}, "'verify' must be True or False"),
+        ({"budget": "lots"}, "budget 'lots' is not understood"),
+    ],
+)
+def test_bad_options(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Options.from_mapping(options)

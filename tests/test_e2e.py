@@ -1,0 +1,99 @@
+"""Loss, gradients and buffers of rematc-compiled steps against eager, at budgets from
+"everything fits" down to the smallest feasible, with the eager and Inductor routes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rematc
+from tests.helpers import MODELS, assert_same_step, eager_and_compiled, infeasible_cause, smallest_feasible_budget
+
+# The eager route runs the same aten ops as eager mode: only summation order may differ.
+EAGER_RTOL, EAGER_ATOL = 1e-5, 1e-6
+# Inductor fuses and reorders floating-point work.
+INDUCTOR_RTOL, INDUCTOR_ATOL = 1e-4, 1e-5
+
+
+@pytest.mark.parametrize("level", ["fits", "between", "smallest"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eager_route_matches_eager(name: str, level: str) -> None:
+    smallest = smallest_feasible_budget(name, compiler="eager")
+    torch._dynamo.reset()
+    _, _, unconstrained = eager_and_compiled(name, budget=None, compiler="eager")
+    full = unconstrained.unconstrained_peak
+    assert smallest < full, "the model leaves no room to trade memory for time"
+    budget = {"fits": full, "between": (full + smallest) // 2, "smallest": smallest}[level]
+    torch._dynamo.reset()
+    reference, result, record = eager_and_compiled(name, budget=budget, compiler="eager")
+    assert_same_step(reference, result, rtol=EAGER_RTOL, atol=EAGER_ATOL)
+    assert record.budget == budget
+    assert record.predicted_peak <= budget
+    if level == "fits":
+        assert record.recomputed == () and record.added_time == 0
+    else:
+        assert record.recomputed, "a budget below the unconstrained peak must recompute"
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_inductor_route_matches_eager_at_smallest_budget(name: str, same_random_as_eager: None) -> None:
+    smallest = smallest_feasible_budget(name, compiler="inductor")
+    torch._dynamo.reset()
+    reference, result, record = eager_and_compiled(name, budget=smallest, compiler="inductor")
+    assert_same_step(reference, result, rtol=INDUCTOR_RTOL, atol=INDUCTOR_ATOL)
+    assert record.predicted_peak <= smallest
+    assert record.recomputed
+
+
+@pytest.mark.inductor
+def test_inductor_route_everything_fits(same_random_as_eager: None) -> None:
+    reference, result, record = eager_and_compiled("gpt", budget="100%", compiler="inductor")
+    assert_same_step(reference, result, rtol=INDUCTOR_RTOL, atol=INDUCTOR_ATOL)
+    assert record.recomputed == ()
+    assert record.predicted_peak == record.unconstrained_peak == record.budget
+
+
+def test_dropout_is_saved_never_recomputed() -> None:
+    """Until RNG replay exists, random values are save-only, whatever the budget."""
+    smallest = smallest_feasible_budget("gpt", compiler="eager")
+    torch._dynamo.reset()
+    _, _, record = eager_and_compiled("gpt", budget=smallest, compiler="eager")
+    problem = record.problem
+    random = [i for i, n in enumerate(problem.nodes) if not n.recomputable and not n.resident]
+    assert random, "the GPT with dropout has random values"
+    recomputed = {problem.nodes[i].name for i in record.plan.decisions
+                  if record.plan.decisions[i].value == "recompute"}
+    assert not recomputed & {problem.nodes[i].name for i in random}
+    for name in record.recomputed:
+        assert "dropout" not in name and "bernoulli" not in name
+
+
+def test_infeasible_budget_names_the_smallest() -> None:
+    model, inputs = MODELS["mlp"]()
+    compiled = rematc.compile(model, budget=1024, compiler="eager")
+    with pytest.raises(Exception) as info:
+        compiled(*inputs).backward()
+    err = infeasible_cause(info.value)
+    assert err is not None and err.budget == 1024
+    assert err.min_feasible is not None and err.min_feasible > 1024
+    assert "smallest feasible budget is" in str(err)
+    # ... and that budget does work.
+    torch._dynamo.reset()
+    model, inputs = MODELS["mlp"]()
+    rematc.compile(model, budget=err.min_feasible, compiler="eager")(*inputs).backward()
+    assert rematc.records()[-1].predicted_peak <= err.min_feasible
+
+
+@pytest.mark.parametrize("bad", ["12 parsecs", "-5", 1.5, "150%", True, -1, "GiB", [1]])
+def test_malformed_budget_is_a_clear_value_error(bad: object) -> None:
+    model, _ = MODELS["mlp"]()
+    with pytest.raises(ValueError, match="budget") as info:
+        rematc.compile(model, budget=bad)
+    assert "512MiB" in str(info.value) and "40%" in str(info.value)
+
+
+def test_unknown_option_names_the_accepted_ones() -> None:
+    model, _ = MODELS["mlp"]()
+    with pytest.raises(ValueError, match=r"unknown rematc option.*budgt.*accepted: budget"):
+        rematc.compile(model, budgt="1GiB")
