@@ -10,7 +10,7 @@ from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
 
 
-def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
     """Save every value the backward reads, recompute nothing: what autograd does.
 
     Its checker peak is the *unconstrained* activation memory that fractional budgets

@@ -157,18 +157,19 @@ def _validate(problem: Problem, plan: Plan) -> None:
         last_before = s.before
         position[s.node] = (s.before, k)
     for i in remat - set(position):
-        raise PlanError(f"{problem.describe(i)} is {plan.decisions[i].value}ed but never scheduled")
+        done = "recomputed" if plan.decisions[i] is Decision.RECOMPUTE else "offloaded"
+        raise PlanError(f"{problem.describe(i)} is {done} but never scheduled")
     for i, (before, k) in position.items():
         for b in problem.backward_uses[i]:
             if b < before:
                 raise PlanError(f"{problem.describe(i)} is read at step {b}, before it is rematerialized at {before}")
         if plan.decisions[i] is Decision.RECOMPUTE:
-            for d in problem.nodes[i].deps:
-                dep = problem.nodes[d]
-                if dep.resident or dep.keep or plan.decisions.get(d) is Decision.SAVE:
+            for j in problem.nodes[i].deps:
+                dep = problem.nodes[j]
+                if dep.resident or dep.keep or plan.decisions.get(j) is Decision.SAVE:
                     continue
-                if d not in position or position[d][1] > k:
+                if j not in position or position[j][1] > k:
                     raise PlanError(
-                        f"recomputing {problem.describe(i)} reads {problem.describe(d)}, "
+                        f"recomputing {problem.describe(i)} reads {problem.describe(j)}, "
                         "which is not available yet"
                     )

@@ -14,7 +14,9 @@ Variables, for :math:`v \in C`:
 * :math:`S_v \in \{0,1\}`: v is saved across the forward/backward boundary;
 * :math:`R_v \in \{0,1\}`: v is recomputed in the backward;
 * :math:`P_v \in [F, N-1]`: the backward step v is recomputed before;
-* :math:`L_v \in [F, N-1]`: v's last backward consumer.
+* :math:`L_v \in [F, N-1]`: v's last backward consumer;
+* :math:`Q_{v,w} \in [F, N-1]`, for each candidate forward user w of v: :math:`P_w` if
+  :math:`R_w`, else :math:`N-1` (what the anchor's minimum ranges over).
 
 Constraint families (one ``add_*`` function each):
 
@@ -22,8 +24,10 @@ Constraint families (one ``add_*`` function each):
 * needed:     :math:`S_v + R_v = 1` if :math:`bu(v) \ne \emptyset`, else
   :math:`S_v + R_v \le \sum_{w \in fu(v)} R_w` (no decision for a value nobody reads);
 * chain:      :math:`R_w \Rightarrow S_u + R_u \ge 1` for every :math:`u \in deps(w) \cap C`;
-* anchor:     :math:`P_v \le \min bu(v)`, and :math:`R_w \Rightarrow P_u \le P_w` for
-  :math:`u \in deps(w)`: recompute no later than the first consumer;
+* anchor:     :math:`P_v \le \min bu(v)`, :math:`R_w \Rightarrow P_u \le P_w` for
+  :math:`u \in deps(w)`, and :math:`R_v \Rightarrow P_v = \min(bu(v) \cup
+  \{P_w : w \in fu(v), R_w\})`: recompute right before the first consumer, exactly
+  where the canonical schedule does;
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
   :math:`R_w \Rightarrow L_u \ge P_w`;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
@@ -37,9 +41,11 @@ Objective: :math:`\min \sum_{v \in C} t_v R_v` (time in ``problem.scale`` units)
 Why intervals and one cumulative (as Moccasin does) rather than Checkmate's
 :math:`O(N^2)` stage-by-value booleans: the recompute positions are the only freedom in
 time, so two integers per value describe a plan exactly, and the model grows linearly
-with the graph. Positions are free to be earlier / ends later than the canonical schedule
-(which only raises memory, not cost), so the optimum is unchanged and every solution maps
-to a canonical plan whose checker peak is no higher than the model's.
+with the graph. Ends are free to be later than the canonical schedule (that only lengthens
+the value's own interval), so every solution maps to a canonical plan whose checker peak
+is no higher than the model's. Positions are pinned to the canonical anchor: an earlier
+recompute of w would end what w reads earlier (:math:`L_u \ge P_w`), a schedule that the
+canonical plan does not run, and the model would undercount its peak.
 
 With ``minimize_peak`` the capacity becomes a variable and the objective; that is how an
 infeasible budget is explained by the smallest feasible one.
@@ -128,14 +134,27 @@ def add_chain(m: Model) -> None:
 
 
 def add_anchor(m: Model) -> None:
-    """P_v <= min bu(v); R_w => P_u <= P_w for u in deps(w)."""
+    """P_v <= min bu(v); R_w => P_u <= P_w for u in deps(w);
+    R_v => P_v = min(bu(v) ∪ {P_w : w in fu(v), R_w}), with Q[v,w] = P_w if R_w else N-1."""
     p = m.problem
+    f, last = p.n_forward, p.last_step
     for v in m.P:
         if p.backward_uses[v]:
             m.cp.add(m.P[v] <= min(p.backward_uses[v]))
     for w in m.R:
         for u in _candidate_deps(m, w):
             m.cp.add(m.P[u] <= m.P[w]).only_enforce_if(m.R[w])
+    for v in m.P:
+        # N-1 stands for "no such consumer": every real anchor is at most N-1.
+        firsts: list[cp_model.LinearExprT] = [min(p.backward_uses[v], default=last)]
+        for w in p.forward_users[v]:
+            if w not in m.R:
+                continue
+            q = m.cp.new_int_var(f, last, f"Q[{v},{w}]")
+            m.cp.add(q == m.P[w]).only_enforce_if(m.R[w])
+            m.cp.add(q == last).only_enforce_if(~m.R[w])
+            firsts.append(q)
+        m.cp.add_min_equality(m.P[v], firsts).only_enforce_if(m.R[v])
 
 
 def add_last_use(m: Model) -> None:
@@ -197,7 +216,7 @@ def baseline(problem: Problem) -> list[int]:
     return out
 
 
-def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
     """The cheapest save/recompute plan within ``problem.budget``.
 
     Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
@@ -234,7 +253,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     )
 
 
-def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
     smallest feasible budget when the status is OPTIMAL."""
     t0 = time.perf_counter()
@@ -308,7 +327,9 @@ def _timed(m: Model, name: str, family: Callable[[Model], None]) -> None:
     log.debug("%s: %d constraints in %.3f s", name, m.sizes[name], time.perf_counter() - t0)
 
 
-def _stats(model: Model, solver: cp_model.CpSolver, code: int) -> dict[str, float | int | str]:
+def _stats(
+    model: Model, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus
+) -> dict[str, float | int | str]:
     return {
         "variables": len(model.cp.proto.variables),
         "constraints": len(model.cp.proto.constraints),

@@ -172,23 +172,29 @@ class Problem:
 
 
 def _validate(p: Problem) -> None:
+    # Types are checked before values, so a wrongly typed field is a ProblemError too,
+    # never a TypeError from comparing it.
     seen: set[str] = set()
     in_backward = False
     for i, n in enumerate(p.nodes):
-        where = f"node #{i} {n.name!r}"
         if not isinstance(n, Node):
             raise ProblemError(f"node #{i} is a {type(n).__name__}, not a solvers.Node")
-        if not n.name:
-            raise ProblemError(f"node #{i} has an empty name")
+        if not isinstance(n.name, str) or not n.name:
+            raise ProblemError(f"node #{i} needs a non-empty str name, got {n.name!r}")
+        where = f"node #{i} {n.name!r}"
         if n.name in seen:
             raise ProblemError(f"{where}: the name is used twice; names must be unique")
         seen.add(n.name)
-        if n.size < 0 or not isinstance(n.size, int):
+        if not _is_int(n.size) or n.size < 0:
             raise ProblemError(f"{where}: size must be a non-negative int of bytes, got {n.size!r}")
-        if not (math.isfinite(n.time) and n.time >= 0):
-            raise ProblemError(f"{where}: time must be finite and >= 0 seconds, got {n.time!r}")
+        for field_, unit in (("time", "seconds"), ("flops", "FLOPs")):
+            x = getattr(n, field_)
+            if not _is_real(x) or not (math.isfinite(x) and x >= 0):
+                raise ProblemError(f"{where}: {field_} must be finite and >= 0 {unit}, got {x!r}")
+        if not isinstance(n.deps, tuple):
+            raise ProblemError(f"{where}: deps must be a tuple of node indices, got {n.deps!r}")
         for d in n.deps:
-            if not isinstance(d, int) or not 0 <= d < i:
+            if not _is_int(d) or not 0 <= d < i:
                 raise ProblemError(
                     f"{where}: dependency {d!r} is not an earlier node; "
                     "nodes must be listed in topological order"
@@ -201,10 +207,19 @@ def _validate(p: Problem) -> None:
             raise ProblemError(f"{where}: forward value after the first backward value")
         if n.resident and (n.deps or n.backward):
             raise ProblemError(f"{where}: a resident value must be a forward input with no deps")
-    if p.budget is not None and (not isinstance(p.budget, int) or p.budget < 0):
+    if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
         raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
-    if not (math.isfinite(p.host_bandwidth) and p.host_bandwidth >= 0):
-        raise ProblemError(f"host_bandwidth must be >= 0 bytes/s, got {p.host_bandwidth!r}")
+    bw = p.host_bandwidth
+    if not _is_real(bw) or not (math.isfinite(bw) and bw >= 0):
+        raise ProblemError(f"host_bandwidth must be >= 0 bytes/s, got {bw!r}")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def node(
