@@ -6,6 +6,16 @@ Nothing in this package imports torch; problems come from :mod:`rematc` or from 
 from solvers.baselines import save_all
 from solvers.checker import Report, check
 from solvers.cpsat import min_feasible_peak, solve
+from solvers.io import (
+    load_plan,
+    load_problem,
+    plan_from_json,
+    plan_to_json,
+    problem_from_json,
+    problem_to_json,
+    save_plan,
+    save_problem,
+)
 from solvers.plan import Decision, Plan, PlanError, Step, plan_from_decisions
 from solvers.problem import Node, Problem, ProblemError, Scale
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -25,8 +35,16 @@ __all__ = [
     "Status",
     "Step",
     "check",
+    "load_plan",
+    "load_problem",
     "min_feasible_peak",
     "plan_from_decisions",
+    "plan_from_json",
+    "plan_to_json",
+    "problem_from_json",
+    "problem_to_json",
     "save_all",
+    "save_plan",
+    "save_problem",
     "solve",
 ]

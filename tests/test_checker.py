@@ -1,0 +1,251 @@
+"""The plan checker on hand-computed timelines, then every reason a plan cannot run.
+
+Live intervals (closed, in timeline steps) are written next to each expectation; the
+timeline is the sum of the sizes of the values live at each step.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers import Decision, Node, Plan, PlanError, Problem, Step, check, plan_from_decisions
+from solvers.problem import chain_problem, node
+
+S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
+
+
+def P(*nodes: Node, budget: int | None = None, host_bandwidth: float = 0.0) -> Problem:
+    return Problem(nodes=nodes, budget=budget, host_bandwidth=host_bandwidth, name="t")
+
+
+def chain(host_bandwidth: float = 0.0) -> Problem:
+    """#0 input (resident) -> #1 f0 (2 B, 1 s) -> #2 f1 (3 B, 2 s) -> #3 f2 (5 B, 4 s);
+    backward #4 g2(f2) 5 B, #5 g1(f1, g2) 3 B, #6 g0(f0, g1) 2 B, kept."""
+    p = chain_problem([2, 3, 5], [1.0, 2.0, 4.0])
+    return Problem(nodes=p.nodes, host_bandwidth=host_bandwidth, name="chain")
+
+
+def diamond() -> Problem:
+    """A residual-like diamond with a resident weight and a forward output kept to the end."""
+    return P(
+        node("w", size=100, resident=True),  # 0: costs nothing
+        node("x", 0, size=4, time=1.0),  # 1
+        node("a", 1, size=2, time=1.0),  # 2
+        node("b", 1, size=6, time=3.0),  # 3
+        node("loss", 2, 3, size=1, keep=True),  # 4: lives to the end
+        node("gl", 4, size=1, backward=True),  # 5
+        node("ga", 2, 5, size=2, backward=True),  # 6
+        node("gb", 3, 5, size=6, backward=True),  # 7
+        node("gx", 1, 6, 7, size=4, backward=True, keep=True),  # 8
+        node("gw", 0, 8, size=3, backward=True, keep=True),  # 9
+    )
+
+
+def deep() -> Problem:
+    """#2 u is read only by #3 w: it needs a decision only when w is recomputed."""
+    return P(
+        node("x", size=1, resident=True),  # 0
+        node("a", 0, size=1, time=1.0),  # 1
+        node("u", 1, size=4, time=2.0),  # 2
+        node("w", 2, size=4, time=3.0),  # 3
+        node("big", 3, size=8, time=5.0),  # 4
+        node("gbig", 4, size=1, backward=True),  # 5
+        node("gw", 3, 5, size=1, backward=True),  # 6
+        node("ga", 1, 6, size=1, backward=True, keep=True),  # 7
+    )
+
+
+def run(problem: Problem, decisions: dict[int, Decision]):
+    return check(problem, plan_from_decisions(problem, decisions))
+
+
+# ---- trivial cases ----------------------------------------------------------------------
+
+
+def test_empty_problem_peaks_at_zero() -> None:
+    r = check(P(), Plan({}))
+    assert (r.peak, r.peak_step, r.timeline, r.added_time) == (0, 0, (), 0.0)
+    assert r.fits
+
+
+def test_single_node_lives_at_its_own_step() -> None:
+    r = check(P(node("a", size=3)), Plan({}))
+    assert (r.peak, r.timeline) == (3, (3,))
+
+
+def test_resident_and_zero_size_values_cost_nothing() -> None:
+    # #1 h is zero-size, #2 y kept: y [2,4] 3 B, gy [3,4] 2 B, gh [4,4] 1 B.
+    p = P(
+        node("p", size=8, resident=True),
+        node("h", 0, size=0),
+        node("y", 1, size=3, keep=True),
+        node("gy", 2, size=2, backward=True),
+        node("gh", 1, 3, size=1, backward=True, keep=True),
+    )
+    assert p.candidates == (1,)
+    saved = run(p, {1: S})
+    assert saved.timeline == (0, 0, 3, 5, 6)
+    assert (saved.peak, saved.peak_step, saved.saved_bytes) == (6, 4, 0)
+    recomputed = run(p, {1: R})
+    assert recomputed.timeline == saved.timeline
+    assert recomputed.added_time == 1.0
+
+
+# ---- hand-computed timelines -------------------------------------------------------------
+
+
+def test_chain_save_all() -> None:
+    # f0 [1,6] 2, f1 [2,5] 3, f2 [3,4] 5, g2 [4,5] 5, g1 [5,6] 3, g0 [6,6] 2.
+    r = run(chain(), {1: S, 2: S, 3: S})
+    assert r.timeline == (0, 2, 5, 10, 15, 13, 7)
+    assert (r.peak, r.peak_step) == (15, 4)
+    assert (r.added_time, r.n_recomputed, r.saved_bytes) == (0.0, 0, 10)
+
+
+def test_chain_recompute_middle() -> None:
+    # f1 [2,3] and again [5,5] (before g1); f0 saved up to g0 at 6.
+    # step 4: f0 2 + f2 5 + g2 5 = 12; step 5: f0 2 + f1 3 + g2 5 + g1 3 = 13.
+    p = chain()
+    plan = plan_from_decisions(p, {1: S, 2: R, 3: S})
+    assert plan.schedule == (Step(2, 5),)
+    r = check(p, plan)
+    assert r.timeline == (0, 2, 5, 10, 12, 13, 7)
+    assert (r.peak, r.peak_step) == (13, 5)
+    assert (r.added_time, r.n_recomputed, r.saved_bytes) == (2.0, 1, 7)
+
+
+def test_chain_recompute_two_deep() -> None:
+    # f1 is recomputed before g1 at 5, so f0 is recomputed at 5 too (not at 6, its own use):
+    # f0 [1,2] + [5,6], f1 [2,3] + [5,5], f2 saved [3,4].
+    # step 3: f1 3 + f2 5 = 8; step 4: f2 5 + g2 5 = 10; step 5: 2 + 3 + 5 + 3 = 13.
+    p = chain()
+    plan = plan_from_decisions(p, {1: R, 2: R, 3: S})
+    assert plan.schedule == (Step(1, 5), Step(2, 5))
+    r = check(p, plan)
+    assert r.timeline == (0, 2, 5, 8, 10, 13, 7)
+    assert (r.peak, r.peak_step, r.added_time, r.n_recomputed) == (13, 5, 3.0, 2)
+
+
+def test_chain_recompute_last_does_not_help() -> None:
+    # f2 is needed at 4 together with g2, and f1 must be there to recompute it.
+    r = run(chain(), {1: S, 2: R, 3: R})
+    assert r.timeline == (0, 2, 5, 10, 15, 13, 7)
+    assert r.added_time == 6.0
+
+
+def test_chain_offload_costs_transfer_time_both_ways() -> None:
+    # Same intervals as a recompute; 2 * 3 B at 10 B/s = 0.6 s.
+    p = chain(host_bandwidth=10.0)
+    r = run(p, {1: S, 2: OFF, 3: S})
+    assert r.timeline == (0, 2, 5, 10, 12, 13, 7)
+    assert r.added_time == pytest.approx(0.6)
+    assert (r.offloaded_bytes, r.n_offloaded, r.n_recomputed, r.saved_bytes) == (3, 1, 0, 7)
+
+
+def test_earlier_recompute_than_canonical_costs_memory() -> None:
+    # f1 recomputed before g2 (step 4) instead of g1 (5): f1 [4,5] adds 3 B at step 4.
+    p = chain()
+    r = check(p, Plan({1: S, 2: R, 3: S}, (Step(2, 4),)))
+    assert r.timeline == (0, 2, 5, 10, 15, 13, 7)
+
+
+def test_diamond_save_all() -> None:
+    # x [1,8] 4, a [2,6] 2, b [3,7] 6, loss [4,9] 1, gl [5,7] 1, ga [6,8] 2, gb [7,8] 6,
+    # gx [8,9] 4, gw [9,9] 3; w resident. Step 7: 4 + 6 + 1 + 1 + 2 + 6 = 20.
+    r = run(diamond(), {1: S, 2: S, 3: S})
+    assert r.timeline == (0, 4, 6, 12, 13, 14, 16, 20, 17, 8)
+    assert (r.peak, r.peak_step, r.saved_bytes) == (20, 7, 12)
+
+
+def test_diamond_recompute_input_of_both_branches() -> None:
+    # x [1,3] + [8,8]: step 7 loses x (16), step 8: x 4 + loss 1 + ga 2 + gb 6 + gx 4 = 17.
+    r = run(diamond(), {1: R, 2: S, 3: S})
+    assert r.timeline == (0, 4, 6, 12, 9, 10, 12, 16, 17, 8)
+    assert (r.peak, r.peak_step, r.added_time) == (17, 8, 1.0)
+
+
+def test_diamond_recompute_branch_pulls_its_input_forward() -> None:
+    # b recomputed before gb at 7 reads x, so x is recomputed at 7 too: back to 20.
+    p = diamond()
+    plan = plan_from_decisions(p, {1: R, 2: S, 3: R})
+    assert plan.schedule == (Step(1, 7), Step(3, 7))
+    assert check(p, plan).peak == 20
+
+
+def test_deep_chain_of_recomputes() -> None:
+    # a [1,7] 1 saved, u [2,3] + [6,6] 4, w [3,4] + [6,6] 4, big [4,5] 8 saved,
+    # gbig [5,6] 1, gw [6,7] 1, ga [7,7] 1.
+    # step 4: a + w + big = 13; step 5: a + big + gbig = 10; step 6: 1 + 4 + 4 + 1 + 1 = 11.
+    r = run(deep(), {1: S, 2: R, 3: R, 4: S})
+    assert r.timeline == (0, 1, 5, 9, 13, 10, 11, 3)
+    assert (r.peak, r.added_time, r.n_recomputed) == (13, 5.0, 2)
+
+
+def test_flops_and_budget_are_reported() -> None:
+    # a [0,0] + [1,1] 2 B, g [1,1] 1 B: timeline (2, 3).
+    p = P(node("a", size=2, flops=10.0), node("g", 0, backward=True, keep=True), budget=3)
+    r = run(p, {0: R})
+    assert (r.added_flops, r.budget, r.timeline) == (10.0, 3, (2, 3))
+    assert r.fits
+    assert not run(p.with_budget(2), {0: R}).fits
+
+
+# ---- plans that cannot run ---------------------------------------------------------------
+
+BAD_PLANS: list[tuple[str, Problem, Plan, str]] = [
+    ("missing decision", chain(), Plan({1: S, 2: S}),
+     r"#3 f2 .* is read by the backward but has no decision"),
+    ("missing decision for a recomputed value's input", deep(), Plan({1: S, 3: R, 4: S}, (Step(3, 6),)),
+     r"#2 u .* is read by the backward but has no decision"),
+    ("decision for an unneeded value", deep(), Plan({1: S, 2: S, 3: S, 4: S}),
+     r"#2 u .* has a decision but nothing in the backward reads it"),
+    ("decision for a resident value", diamond(), Plan({0: S, 1: S, 2: S, 3: S}),
+     r"#0 w .* is resident; it takes no decision"),
+    ("decision for a kept value", diamond(), Plan({1: S, 2: S, 3: S, 4: S}),
+     r"#4 loss .* is kept to the end of the step; it takes no decision"),
+    ("decision for a backward value", chain(), Plan({1: S, 2: S, 3: S, 5: S}),
+     r"decision for #5: only forward values \(0\.\.3\) take decisions"),
+    ("recompute of a non-recomputable value",
+     P(node("m", size=1, recomputable=False), node("g", 0, backward=True)), Plan({0: R}, (Step(0, 1),)),
+     r"#0 m .* cannot be recomputed"),
+    ("recompute whose input is recomputed later", chain(), Plan({1: S, 2: R, 3: R}, (Step(3, 4), Step(2, 4))),
+     r"recomputing #3 f2 .* reads #2 f1 .*, which is not available yet"),
+    ("schedule out of order", chain(), Plan({1: S, 2: R, 3: R}, (Step(2, 5), Step(3, 4))),
+     r"schedule step 1 goes back to backward step 4; steps must be in order"),
+    ("offload without host bandwidth", chain(), Plan({1: S, 2: S, 3: OFF}, (Step(3, 4),)),
+     r"#3 f2 .* is offloaded but the problem has no host link"),
+    ("rematerialized twice", chain(), Plan({1: S, 2: S, 3: R}, (Step(3, 4), Step(3, 4))),
+     r"schedule rematerializes #3 f2 .* twice"),
+    ("schedule in the forward", chain(), Plan({1: S, 2: S, 3: R}, (Step(3, 2),)),
+     r"schedule step 0: 2 is not a backward step"),
+    ("saved value scheduled", chain(), Plan({1: S, 2: S, 3: S}, (Step(3, 4),)),
+     r"schedule step 0 rematerializes #3, which is not recomputed or offloaded"),
+    ("never scheduled", chain(), Plan({1: S, 2: S, 3: R}),
+     r"#3 f2 .* is recomputed but never scheduled"),
+    ("offloaded, never scheduled", chain(host_bandwidth=1.0), Plan({1: S, 2: S, 3: OFF}),
+     r"#3 f2 .* is offloaded but never scheduled"),
+    ("read before it is rematerialized", chain(), Plan({1: S, 2: S, 3: R}, (Step(3, 5),)),
+     r"#3 f2 .* is read at step 4, before it is rematerialized at 5"),
+]
+
+
+@pytest.mark.parametrize(
+    ("problem", "plan", "message"), [c[1:] for c in BAD_PLANS], ids=[c[0] for c in BAD_PLANS]
+)
+def test_invalid_plan_raises_plan_error_naming_the_value(problem: Problem, plan: Plan, message: str) -> None:
+    with pytest.raises(PlanError, match=message) as info:
+        check(problem, plan)
+    assert "\n" not in str(info.value)
+
+
+def test_plan_rejects_a_decision_that_is_not_a_decision() -> None:
+    with pytest.raises(PlanError, match=r"decision for value #1 is 'save'; use solvers.Decision"):
+        Plan({1: "save"})  # type: ignore[dict-item]
+
+
+def test_plan_is_immutable_data() -> None:
+    plan = Plan({2: R, 1: S}, [Step(2, 5)])  # type: ignore[arg-type]
+    assert plan.schedule == (Step(2, 5),)
+    assert plan.of(S) == (1,) and plan.of(R) == (2,)
+    with pytest.raises(TypeError):
+        plan.decisions[3] = S  # type: ignore[index]

@@ -1,0 +1,427 @@
+"""The exact CP-SAT planner against brute force, and every plan it returns against the checker.
+
+The brute force enumerates every assignment of {no decision, save, recompute} to the
+problem's candidates, builds the canonical plan, keeps the ones the checker accepts and
+takes the cheapest within budget. The solver must reach the same objective, return a plan
+the checker puts within budget, and explain an infeasible budget with the brute force's
+smallest peak.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers import (
+    Decision,
+    InfeasibleBudgetError,
+    Node,
+    PlanError,
+    Problem,
+    SolverConfig,
+    Status,
+    check,
+    min_feasible_peak,
+    plan_from_decisions,
+    save_all,
+    solve,
+)
+from solvers.problem import chain_problem, node
+
+S, R = Decision.SAVE, Decision.RECOMPUTE
+CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
+REL = 1e-6  # objectives agree to this relative tolerance (times are scaled to integers)
+
+
+def P(*nodes: Node, budget: int | None = None) -> Problem:
+    return Problem(nodes=nodes, budget=budget, name="t")
+
+
+# ---- brute force ----------------------------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    peak: int  # bytes, the checker's
+    added_time: float  # seconds, the checker's
+    decisions: dict[int, Decision]
+
+
+def brute_force(problem: Problem) -> list[Outcome]:
+    """The checker's verdict on the canonical plan of every valid save/recompute assignment."""
+    cands = problem.candidates
+    assert len(cands) <= 8, "brute force is for toys"
+    out: list[Outcome] = []
+    for fates in itertools.product((None, S, R), repeat=len(cands)):
+        decisions = {v: d for v, d in zip(cands, fates, strict=True) if d is not None}
+        try:
+            report = check(problem, plan_from_decisions(problem, decisions))
+        except PlanError:
+            continue
+        out.append(Outcome(report.peak, report.added_time, decisions))
+    assert out, "saving what the backward reads is always a valid plan"
+    return out
+
+
+def cheapest(outcomes: list[Outcome], budget: int) -> float | None:
+    return min((o.added_time for o in outcomes if o.peak <= budget), default=None)
+
+
+def interesting_budgets(outcomes: list[Outcome]) -> list[int]:
+    """0, and every achievable peak and its neighbours (off-by-one in bytes and in units)."""
+    peaks = {o.peak for o in outcomes}
+    return sorted({0} | {b for p in peaks for b in (p - 1, p, p + 1) if b >= 0})
+
+
+def assert_matches_brute_force(problem: Problem, budget: int, outcomes: list[Outcome]) -> None:
+    q = problem.with_budget(budget)
+    best = cheapest(outcomes, budget)
+    if best is None:
+        with pytest.raises(InfeasibleBudgetError) as info:
+            solve(q, CFG)
+        assert info.value.budget == budget
+        assert info.value.min_feasible == min(o.peak for o in outcomes)
+        return
+    result = solve(q, CFG)
+    assert result.status is Status.OPTIMAL
+    assert result.objective == pytest.approx(best, rel=REL)
+    assert result.plan is not None
+    report = check(q, result.plan)
+    assert report.peak <= budget
+    assert result.report == report
+    assert result.objective == report.added_time
+    assert result.bound <= result.objective
+
+
+# ---- hand-built graphs ------------------------------------------------------------------
+
+
+def chain() -> Problem:
+    """#0 input -> f0 (2 B, 1 s) -> f1 (3 B, 2 s) -> f2 (5 B, 4 s); mirrored backward."""
+    return chain_problem([2, 3, 5], [1.0, 2.0, 4.0])
+
+
+def diamond() -> Problem:
+    return P(
+        node("w", size=100, resident=True),  # 0
+        node("x", 0, size=4, time=1.0),  # 1
+        node("a", 1, size=2, time=1.0),  # 2
+        node("b", 1, size=6, time=3.0),  # 3
+        node("loss", 2, 3, size=1, keep=True),  # 4
+        node("gl", 4, size=1, backward=True),  # 5
+        node("ga", 2, 5, size=2, backward=True),  # 6
+        node("gb", 3, 5, size=6, backward=True),  # 7
+        node("gx", 1, 6, 7, size=4, backward=True, keep=True),  # 8
+        node("gw", 0, 8, size=3, backward=True, keep=True),  # 9
+    )
+
+
+def deep2() -> Problem:
+    """Saving w across big's backward costs 13 B; recomputing w needs u, which only w reads.
+
+    u [1,2] 4 B, w [2,3] 4 B (+ saved to 5), big [3,4] 8 B, gbig [4,5], gw [5,6], gx [6,6].
+    Save all: peak 13 at step 4 (w 4 + big 8 + gbig 1).
+    Recompute u and w before gw (5 s): step 4 is 9, step 5 is u + w + gbig + gw = 10,
+    so the peak is step 3 in the forward, w + big = 12, which no plan can lower.
+    Saving u instead of recomputing it holds u through step 3: 16 B.
+    """
+    return P(
+        node("x", size=1, resident=True),  # 0
+        node("u", 0, size=4, time=2.0),  # 1
+        node("w", 1, size=4, time=3.0),  # 2
+        node("big", 2, size=8, time=5.0),  # 3
+        node("gbig", 3, size=1, backward=True),  # 4
+        node("gw", 2, 4, size=1, backward=True),  # 5
+        node("gx", 0, 5, size=1, backward=True, keep=True),  # 6
+    )
+
+
+def deep3() -> Problem:
+    """deep2 with #1 a between the input and u, saved for the backward's last step.
+
+    Save all: peak 14 at step 5 (a 1 + w 4 + big 8 + gbig 1).
+    Recompute a (1 s): a is gone from steps 3-6: peak 13.
+    Recompute a, u, w (6 s): peak 12 (w + big at step 4, as in deep2).
+    """
+    return P(
+        node("x", size=1, resident=True),  # 0
+        node("a", 0, size=1, time=1.0),  # 1
+        node("u", 1, size=4, time=2.0),  # 2
+        node("w", 2, size=4, time=3.0),  # 3
+        node("big", 3, size=8, time=5.0),  # 4
+        node("gbig", 4, size=1, backward=True),  # 5
+        node("gw", 3, 5, size=1, backward=True),  # 6
+        node("ga", 1, 6, size=1, backward=True, keep=True),  # 7
+    )
+
+
+def dropout() -> Problem:
+    """A random mask (#2 m) must be saved: only its neighbours can be recomputed."""
+    return P(
+        node("x", size=4, resident=True),  # 0
+        node("h", 0, size=4, time=2.0),  # 1
+        node("m", 1, size=2, time=1.0, recomputable=False),  # 2
+        node("y", 1, 2, size=4, time=1.0),  # 3
+        node("z", 3, size=4, time=3.0),  # 4
+        node("gz", 4, size=1, backward=True),  # 5
+        node("gy", 3, 5, size=1, backward=True),  # 6
+        node("gh", 2, 6, size=1, backward=True),  # 7
+        node("gx", 1, 7, size=1, backward=True, keep=True),  # 8
+    )
+
+
+HAND: dict[str, Problem] = {
+    "chain": chain(),
+    "diamond": diamond(),
+    "deep2": deep2(),
+    "deep3": deep3(),
+    "dropout": dropout(),
+    "chain_kib": chain_problem([2048, 3072, 5120], [1.0, 2.0, 4.0]),  # memory unit 1024 B
+    "chain_free": chain_problem([2, 3, 5], [0.0, 0.0, 0.0]),  # zero-cost recomputation
+    "chain_weightless": chain_problem([0, 0, 0], [1.0, 2.0, 4.0]),  # zero-size values
+}
+HAND_OUTCOMES = {name: brute_force(p) for name, p in HAND.items()}
+HAND_CASES = [(name, b) for name, o in HAND_OUTCOMES.items() for b in interesting_budgets(o)]
+
+
+@pytest.mark.parametrize(("graph", "budget"), HAND_CASES, ids=[f"{g}-{b}B" for g, b in HAND_CASES])
+def test_hand_graph_matches_brute_force(graph: str, budget: int) -> None:
+    assert_matches_brute_force(HAND[graph], budget, HAND_OUTCOMES[graph])
+
+
+@pytest.mark.parametrize("graph", list(HAND))
+def test_hand_graph_min_feasible_peak_matches_brute_force(graph: str) -> None:
+    result = min_feasible_peak(HAND[graph], CFG)
+    assert result.status is Status.OPTIMAL
+    assert result.report is not None
+    assert result.report.peak == min(o.peak for o in HAND_OUTCOMES[graph])
+
+
+def test_every_hand_graph_has_an_infeasible_and_a_feasible_case() -> None:
+    for name, outcomes in HAND_OUTCOMES.items():
+        budgets = interesting_budgets(outcomes)
+        feasible = [cheapest(outcomes, b) is not None for b in budgets]
+        assert any(feasible), name
+        assert not all(feasible) or min(o.peak for o in outcomes) == 0, name
+
+
+def test_two_deep_recompute_chain_is_optimal() -> None:
+    p = deep2()
+    plans = {b: solve(p.with_budget(b), CFG) for b in (13, 12)}
+    assert {b: r.objective for b, r in plans.items()} == {13: 0.0, 12: 5.0}
+    assert plans[12].plan is not None and plans[12].plan.of(R) == (1, 2)  # u, w
+    with pytest.raises(InfeasibleBudgetError, match="the smallest feasible budget is 12 bytes"):
+        solve(p.with_budget(11), CFG)
+
+
+def test_three_deep_recompute_chain_is_optimal() -> None:
+    p = deep3()
+    plans = {b: solve(p.with_budget(b), CFG) for b in (14, 13, 12)}
+    assert {b: r.objective for b, r in plans.items()} == {14: 0.0, 13: 1.0, 12: 6.0}
+    assert plans[13].plan is not None and plans[13].plan.of(R) == (1,)  # a
+    assert plans[12].plan is not None and plans[12].plan.of(R) == (1, 2, 3)  # a, u, w
+    with pytest.raises(InfeasibleBudgetError, match="the smallest feasible budget is 12 bytes"):
+        solve(p.with_budget(11), CFG)
+
+
+def test_non_recomputable_value_is_never_recomputed() -> None:
+    p = dropout()
+    budgets = [b for b in interesting_budgets(HAND_OUTCOMES["dropout"])
+               if cheapest(HAND_OUTCOMES["dropout"], b) is not None]
+    assert len(budgets) >= 3
+    for b in budgets:
+        plan = solve(p.with_budget(b), CFG).plan
+        assert plan is not None and plan.decisions[2] is S
+
+
+def test_regression_recompute_position_is_the_canonical_anchor() -> None:
+    # The model once let "recompute f2 before b0 (step 4)" stand in for the canonical
+    # "before b1 (step 5)", ending f0 a step early: it claimed peak 9 for a plan whose
+    # canonical schedule peaks at 10, so min_feasible_peak answered 10 instead of 9.
+    p = P(
+        node("in", size=4, time=0.0, resident=True),  # 0
+        node("f0", 0, size=3, time=3.0),  # 1
+        node("f1", 0, 1, size=0, time=1.0),  # 2
+        node("f2", 0, 1, size=5, time=3.0),  # 3
+        node("b0", 0, 1, 2, size=1, backward=True),  # 4
+        node("b1", 3, size=2, backward=True),  # 5
+        node("b2", 0, size=5, backward=True, keep=True),  # 6
+    )
+    outcomes = brute_force(p)
+    assert min(o.peak for o in outcomes) == 9
+    result = min_feasible_peak(p, CFG)
+    assert result.report is not None and result.report.peak == 9
+    for b in interesting_budgets(outcomes):
+        assert_matches_brute_force(p, b, outcomes)
+
+
+# ---- trivial cases ----------------------------------------------------------------------
+
+
+def test_empty_problem() -> None:
+    p = P(budget=0)
+    result = solve(p, CFG)
+    assert (result.status, result.objective) == (Status.OPTIMAL, 0.0)
+    assert result.plan is not None and dict(result.plan.decisions) == {}
+    assert result.report is not None and result.report.peak == 0
+    peak = min_feasible_peak(p, CFG).report
+    assert peak is not None and peak.peak == 0
+    assert save_all(p).status is Status.OPTIMAL
+
+
+def test_single_node() -> None:
+    p = P(node("a", size=3))
+    assert solve(p.with_budget(3), CFG).objective == 0.0
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve(p.with_budget(2), CFG)
+    assert (info.value.budget, info.value.min_feasible) == (2, 3)
+
+
+def test_zero_budget_is_infeasible_when_anything_is_live() -> None:
+    with pytest.raises(InfeasibleBudgetError, match="budget 0 bytes") as info:
+        solve(chain().with_budget(0), CFG)
+    assert info.value.min_feasible == min(o.peak for o in HAND_OUTCOMES["chain"])
+
+
+def test_zero_budget_is_feasible_when_nothing_is_live() -> None:
+    p = P(
+        node("w", size=64, resident=True),
+        node("v", 0, size=0, time=1.0),
+        node("g", 0, 1, size=0, backward=True, keep=True),
+        budget=0,
+    )
+    result = solve(p, CFG)
+    assert (result.status, result.objective) == (Status.OPTIMAL, 0.0)
+    assert result.report is not None and result.report.peak == 0
+
+
+@pytest.mark.parametrize("graph", list(HAND))
+def test_budget_that_fits_everything_costs_nothing(graph: str) -> None:
+    p = HAND[graph]
+    reference = save_all(p)
+    assert reference.report is not None
+    for budget in (reference.report.peak, None):
+        result = solve(p.with_budget(budget), CFG)
+        assert result.status is Status.OPTIMAL
+        assert result.objective == 0.0
+        if graph != "chain_free":  # there recomputing is free too, so any plan may win
+            assert result.report is not None and result.report.n_recomputed == 0
+
+
+def test_zero_cost_recomputation_reaches_the_smallest_peak_for_free() -> None:
+    p = HAND["chain_free"]
+    low = min(o.peak for o in HAND_OUTCOMES["chain_free"])
+    assert solve(p.with_budget(low), CFG).objective == 0.0
+
+
+def test_zero_size_values_need_no_memory() -> None:
+    result = solve(HAND["chain_weightless"].with_budget(0), CFG)
+    assert result.objective == 0.0
+    assert result.report is not None and result.report.timeline == (0,) * 7
+
+
+# ---- random small DAGs -------------------------------------------------------------------
+
+
+@st.composite
+def small_problems(draw: st.DrawFn, max_forward: int = 7) -> Problem:
+    """0-2 resident inputs, 3 to ``max_forward`` forward values, 2-5 backward values that,
+    like autograd's, read forward values and earlier gradients. Deps point backwards by
+    construction; sizes come in a random memory unit; times are integers, so objectives
+    are exact after CP-SAT's scaling. (Smaller graphs are the hand-built cases above.)"""
+    unit = draw(st.sampled_from([1, 1, 4]))
+    nodes: list[Node] = [
+        Node(name=f"in{k}", size=draw(st.integers(0, 8)), resident=True)
+        for k in range(draw(st.integers(0, 2)))
+    ]
+
+    def pick(lo: int, hi: int, min_size: int, max_size: int) -> set[int]:
+        if hi <= lo:
+            return set()
+        picked = st.lists(st.integers(lo, hi - 1), min_size=min_size, max_size=max_size, unique=True)
+        return set(draw(picked))
+
+    for k in range(draw(st.integers(3, max_forward))):
+        nodes.append(Node(
+            name=f"f{k}",
+            deps=tuple(sorted(pick(0, len(nodes), 1, 2))),
+            size=unit * draw(st.integers(0, 6)),
+            time=float(draw(st.integers(0, 5))),
+            recomputable=draw(st.integers(0, 5)) > 0,
+            keep=draw(st.integers(0, 9)) == 0,
+        ))
+    n_forward = len(nodes)
+    n_backward = draw(st.integers(2, 5))
+    for k in range(n_backward):
+        reads = pick(0, n_forward, 1, 3) | pick(n_forward, len(nodes), 0, 2)
+        nodes.append(Node(
+            name=f"b{k}",
+            deps=tuple(sorted(reads)),
+            size=unit * draw(st.integers(0, 6)),
+            backward=True,
+            keep=k == n_backward - 1 or draw(st.booleans()),
+        ))
+    return Problem(nodes=tuple(nodes), name="random")
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problems())
+def test_random_dag_matches_brute_force_at_every_interesting_budget(p: Problem) -> None:
+    outcomes = brute_force(p)
+    smallest = min_feasible_peak(p, CFG)
+    assert smallest.report is not None
+    assert smallest.report.peak == min(o.peak for o in outcomes)
+    for budget in interesting_budgets(outcomes):
+        assert_matches_brute_force(p, budget, outcomes)
+
+
+def budget_range(p: Problem) -> tuple[int, int]:
+    """[smallest feasible peak, save-all peak]: every budget in it is feasible."""
+    low, high = min_feasible_peak(p, CFG).report, save_all(p).report
+    assert low is not None and high is not None and low.peak <= high.peak
+    return low.peak, high.peak
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problems(), st.data())
+def test_larger_budget_never_costs_more(p: Problem, data: st.DataObject) -> None:
+    low, high = budget_range(p)
+    small = data.draw(st.integers(low, high + 1), label="small budget")
+    large = data.draw(st.integers(small, high + 1), label="large budget")
+    tight = solve(p.with_budget(small), CFG)
+    loose = solve(p.with_budget(large), CFG)
+    assert loose.objective <= tight.objective * (1 + REL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problems(), st.data())
+def test_returned_plan_is_within_budget_per_checker(p: Problem, data: st.DataObject) -> None:
+    low, high = budget_range(p)
+    budget = data.draw(st.integers(0, high + 1), label="budget")
+    q = p.with_budget(budget)
+    if budget < low:
+        with pytest.raises(InfeasibleBudgetError) as info:
+            solve(q, CFG)
+        assert info.value.min_feasible == low
+        return
+    result = solve(q, CFG)
+    assert result.plan is not None
+    report = check(q, result.plan)
+    assert report.peak <= budget
+    assert report.fits
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problems(), st.data())
+def test_save_all_peak_bounds_every_solved_peak(p: Problem, data: st.DataObject) -> None:
+    # Above save-all's peak a zero-time recomputation may legitimately peak higher at the
+    # same (zero) cost, so budgets are drawn up to that peak.
+    low, high = budget_range(p)
+    budget = data.draw(st.integers(low, high), label="budget")
+    result = solve(p.with_budget(budget), CFG)
+    assert result.plan is not None
+    assert check(p, result.plan).peak <= high
+    assert solve(p.with_budget(high), CFG).objective == 0.0
