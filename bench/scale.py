@@ -15,17 +15,17 @@ import time
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
-import torch  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
-from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
-from torch._inductor import config as inductor_config  # noqa: E402
-from torch._inductor.compile_fx import partition_fn as inductor_partition_fn  # noqa: E402
-from torch._inductor.decomposition import select_decomp_table  # noqa: E402
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._inductor import config as inductor_config
+from torch._inductor.compile_fx import partition_fn as inductor_partition_fn
+from torch._inductor.decomposition import select_decomp_table
 
-import rematc  # noqa: E402
-from rematc.models import GPTConfig, make_gpt  # noqa: E402
-from rematc.options import Options  # noqa: E402
-from rematc.partition import RematPartitioner  # noqa: E402
+import rematc
+from rematc.models import GPTConfig, make_gpt
+from rematc.options import Options
+from rematc.partition import RematPartitioner
 
 
 def partition_only(layers: int, budget: str, *, d_model: int, seq_len: int, batch: int, vocab: int,

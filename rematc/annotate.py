@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.symbolic_shapes import optimization_hint
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from solvers import InfeasibleBudgetError, ProblemError, SolverConfig, save_all, solve
+from solvers import InfeasibleBudgetError, SolverConfig, save_all, solve
 from solvers.budget import format_bytes, parse_budget
 
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.fx as fx
+from torch._functorch._aot_autograd.graph_compile import is_opaque_node
+from torch._functorch.compile_utils import raise_getitems
 from torch._functorch.partitioners import (
     _extract_fwd_bwd_modules,
     _is_primal,
     classify_nodes,
     reordering_to_mimic_autograd_engine,
 )
-from torch._functorch._aot_autograd.graph_compile import is_opaque_node
-from torch._functorch.compile_utils import raise_getitems
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from rematc.capture import Captured

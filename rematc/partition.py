@@ -140,8 +140,10 @@ def prepare(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def plan_for(problem: Problem, options: Options) -> SolveResult:
-    if problem.budget is None:
-        return save_all(problem)
+    """Saving everything is optimal whenever it fits (it adds no time): no search then."""
+    unconstrained = save_all(problem)
+    if unconstrained.plan is not None:
+        return unconstrained
     return solve(problem, options.solver)
 
 

@@ -36,7 +36,13 @@ Constraint families (one ``add_*`` function each):
   :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, and :math:`[P_v, L_v]` present iff
   :math:`R_v`.
 
-Objective: :math:`\min \sum_{v \in C} t_v R_v` (time in ``problem.scale`` units).
+* memory cuts: the rows of the memory constraint at the steps where it can bind,
+  restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
+  by the cumulative, they give CP-SAT's LP a bound the cumulative does not.
+
+Objective: :math:`\min (|C|+1) \sum_{v \in C} t_v R_v + \sum_{v \in C} R_v` (time in
+``problem.scale`` units): the least added time, and among equal times the fewest
+recomputations.
 
 Why intervals and one cumulative (as Moccasin does) rather than Checkmate's
 :math:`O(N^2)` stage-by-value booleans: the recompute positions are the only freedom in
@@ -61,12 +67,15 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from solvers.baselines import greedy
 from solvers.checker import check, live_intervals
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 
 log = logging.getLogger(__name__)
+
+MAX_CUT_TERMS = 200_000  # bounds the size of add_memory_cuts: about 10 MB of model
 
 
 @dataclass
@@ -80,6 +89,11 @@ class Model:
     P: dict[int, cp_model.IntVar] = field(default_factory=dict)
     L: dict[int, cp_model.IntVar] = field(default_factory=dict)
     capacity: cp_model.IntVar | int = 0
+
+    @property
+    def tie_break(self) -> int:
+        """Objective units per time unit (see :func:`objective`)."""
+        return len(self.R) + 1
     sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
 
 
@@ -90,12 +104,20 @@ def build(problem: Problem, *, minimize_peak: bool = False) -> Model:
     for family in (add_one_fate, add_needed, add_chain, add_anchor, add_last_use):
         _timed(m, family.__name__, family)
     _timed(m, "add_memory", lambda m: add_memory(m, minimize_peak=minimize_peak))
+    _timed(m, "add_memory_cuts", add_memory_cuts)
     if minimize_peak:
         m.cp.minimize(m.capacity)
     else:
-        scale = problem.scale
-        m.cp.minimize(sum(scale.time(problem.nodes[v].time) * m.R[v] for v in m.R))
+        m.cp.minimize(objective(m))
     return m
+
+
+def objective(m: Model) -> cp_model.LinearExprT:
+    """(|C|+1)·Σ t_v R_v + Σ R_v: least added time first, then the fewest recomputations
+    (zero-time ones included) — lexicographic, because Σ R_v <= |C| < |C|+1."""
+    scale = m.problem.scale
+    time = sum(scale.time(m.problem.nodes[v].time) * m.R[v] for v in m.R)
+    return m.tie_break * time + sum(m.R.values())
 
 
 def add_variables(m: Model) -> None:
@@ -203,6 +225,40 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
     m.sizes["memory_intervals"] = len(intervals)
 
 
+def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
+    """Redundant linear rows of the memory constraint, for CP-SAT's LP bound:
+
+    b_k + sum_{v: lf(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= max bu(v)} s_v R_v <= floor(B/q)
+
+    with e(v) = max bu(v), or F for a value only recomputed users read (saved, it lives at
+    least to the backward's first step). Each term is live whatever the other decisions,
+    so the row is implied by the cumulative; the cumulative alone gives CP-SAT no useful
+    bound. Rows are added for the steps with the largest save-everything memory first, up
+    to ``max_terms`` terms in all.
+    """
+    p = m.problem
+    scale = p.scale
+    base = baseline(p)
+    rows: dict[int, list[tuple[cp_model.IntVar, int]]] = {}
+    for v in m.S:
+        size = scale.mem(p.nodes[v].size)
+        if size == 0:
+            continue
+        bu = p.backward_uses[v]
+        for k in range(p.last_forward_use[v] + 1, (max(bu) if bu else p.n_forward) + 1):
+            rows.setdefault(k, []).append((m.S[v], size))
+        if bu:
+            for k in range(min(bu), max(bu) + 1):
+                rows.setdefault(k, []).append((m.R[v], size))
+    potential = {k: scale.mem(base[k]) + sum(s for _, s in terms) for k, terms in rows.items()}
+    used = 0
+    for k in sorted(rows, key=lambda k: (-potential[k], k)):
+        if used + len(rows[k]) > max_terms:
+            break
+        m.cp.add(sum(s * x for x, s in rows[k]) + scale.mem(base[k]) <= m.capacity)
+        used += len(rows[k])
+
+
 def baseline(problem: Problem) -> list[int]:
     """Bytes live at each step whatever the plan decides (nothing saved or recomputed)."""
     delta = [0] * (len(problem.nodes) + 1)
@@ -226,7 +282,9 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     t0 = time.perf_counter()
     model = build(problem)
     solver = _solver(config)
-    hint_save_all(model)
+    start = greedy(problem)
+    if start.plan is not None:
+        hint(model, start.plan)
     code = solver.solve(model.cp)
     wall = time.perf_counter() - t0
     stats = _stats(model, solver, code)
@@ -239,7 +297,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
         if code == cp_model.MODEL_INVALID:
             raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=solver.best_objective_bound * problem.scale.seconds_per_unit,
+                           bound=_seconds(model, solver.best_objective_bound),
                            wall_time=wall, solver="cpsat", stats=stats)
     plan = extract_plan(model, solver)
     report = check(problem, plan)
@@ -248,7 +306,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
     return SolveResult(
         status=status, plan=plan, report=report, objective=report.added_time,
-        bound=min(report.added_time, solver.best_objective_bound * problem.scale.seconds_per_unit),
+        bound=min(report.added_time, _seconds(model, solver.best_objective_bound)),
         wall_time=wall, solver="cpsat", stats=stats,
     )
 
@@ -284,16 +342,26 @@ def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
     return plan_from_decisions(model.problem, decisions)
 
 
-def hint_save_all(model: Model) -> None:
-    """Start the search from 'save what the backward reads, recompute nothing'."""
+def hint(model: Model, plan: Plan) -> None:
+    """Start the search from ``plan`` (the greedy baseline's, when it fits)."""
     p = model.problem
+    anchor = {s.node: s.before for s in plan.schedule}
     for v in model.S:
-        direct = bool(p.backward_uses[v])
-        model.cp.add_hint(model.S[v], direct)
-        model.cp.add_hint(model.R[v], False)
-        if direct:
-            model.cp.add_hint(model.L[v], max(p.backward_uses[v]))
-            model.cp.add_hint(model.P[v], min(p.backward_uses[v]))
+        decision = plan.decisions.get(v)
+        model.cp.add_hint(model.S[v], decision is Decision.SAVE)
+        model.cp.add_hint(model.R[v], decision is Decision.RECOMPUTE)
+        if v in anchor:
+            model.cp.add_hint(model.P[v], anchor[v])
+        consumers = [*p.backward_uses[v],
+                     *(anchor[w] for w in p.forward_users[v] if plan.decisions.get(w) is Decision.RECOMPUTE)]
+        if decision is not None and consumers:
+            model.cp.add_hint(model.L[v], max(consumers))
+
+
+def _seconds(model: Model, objective_bound: float) -> float:
+    """An objective bound in seconds (drop the tie-break term, which is < one unit)."""
+    units = objective_bound // model.tie_break
+    return float(units) * model.problem.scale.seconds_per_unit
 
 
 def _solver(config: SolverConfig) -> cp_model.CpSolver:

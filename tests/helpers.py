@@ -10,7 +10,16 @@ import torch
 from torch import nn
 
 import rematc
-from rematc.models import CNNConfig, GPTConfig, InPlaceNetConfig, MLPConfig, make_cnn, make_gpt, make_inplace, make_mlp
+from rematc.models import (
+    CNNConfig,
+    GPTConfig,
+    InPlaceNetConfig,
+    MLPConfig,
+    make_cnn,
+    make_gpt,
+    make_inplace,
+    make_mlp,
+)
 from solvers import InfeasibleBudgetError
 
 # Small but not trivial: activations dominate the step, so budgets have room to bite.

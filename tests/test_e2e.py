@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import rematc
-from tests.helpers import MODELS, assert_same_step, eager_and_compiled, infeasible_cause, smallest_feasible_budget
+from tests.helpers import (
+    MODELS,
+    assert_same_step,
+    eager_and_compiled,
+    infeasible_cause,
+    smallest_feasible_budget,
+)
 
 # The eager route runs the same aten ops as eager mode: only summation order may differ.
 EAGER_RTOL, EAGER_ATOL = 1e-5, 1e-6
