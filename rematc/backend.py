@@ -8,7 +8,7 @@ importing rematc. Dynamo passes ``options`` (and ``mode``) only when they are gi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -29,8 +29,10 @@ class Backend:
         if self.options.compiler == "inductor":
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, list(example_inputs),
-                              config_patches={"custom_partitioner_fn": partitioner})
+            compiled = compile_fx(
+                gm, list(example_inputs), config_patches={"custom_partitioner_fn": partitioner}
+            )
+            return cast(Callable[..., Any], compiled)
         # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
         # no codegen (what the aot_eager backend does, with our partitioner).
         eager = aot_autograd(

@@ -55,7 +55,7 @@ def capture(
     name: str = "joint",
 ) -> Captured:
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
-    nodes = [n for n in joint.graph.nodes if n.op != "output"]
+    nodes: list[fx.Node] = [n for n in joint.graph.nodes if n.op != "output"]
     fwd = {n for n in nodes if n in info.required_fw_nodes or _is_primal(n) or _is_fwd_seed_offset(n)}
     # An element of a forward multi-output op is forward too, even when only the backward
     # reads it: the tuple itself cannot cross into the backward, its elements can.
@@ -73,8 +73,8 @@ def capture(
         if o.op == "placeholder" and (_is_primal(o) or _is_fwd_seed_offset(o)):
             owner[n] = n
     order = [n for n in nodes if n in forward] + _backward_order(nodes, forward)
-    owners = [n for n in order if owner.get(n) is n]
-    value_of = {n: i for i, n in enumerate(owners)}
+    owners: list[fx.Node] = [n for n in order if owner.get(n) is n]
+    value_of: dict[fx.Node, int] = {n: i for i, n in enumerate(owners)}
     groups: list[list[fx.Node]] = [[o] for o in owners]
     for n in nodes:
         if n in owner and owner[n] is not n:

@@ -87,12 +87,19 @@ def demo(budgets: Sequence[str | float] = ("100%", "75%", "55%"), *, compiler: s
     out(f"GPT: {config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads, "
         f"T {config.seq_len}, batch {batch}, dropout {config.dropout}; {WARMUP}+{steps} SGD steps per config, step time the median of the last {steps}")
     base_compiler = None if compiler == "inductor" else "aot_eager"
-    rows = [run_config(f"torch.compile ({'inductor' if base_compiler is None else base_compiler})",
-                       lambda m: torch.compile(m, backend=base_compiler or "inductor"),
-                       steps=steps, config=config, batch=batch)]
+    baseline = base_compiler or "inductor"
+
+    def default_compile(m: torch.nn.Module) -> Any:
+        return torch.compile(m, backend=baseline)
+
+    def rematc_compile(budget: str | float) -> Callable[[torch.nn.Module], Any]:
+        return lambda m: rematc.compile(m, budget=budget, compiler=compiler)
+
+    rows = [run_config(f"torch.compile ({baseline})", default_compile, steps=steps,
+                       config=config, batch=batch)]
     for b in budgets:
-        rows.append(run_config(f"rematc {b}", lambda m, b=b: rematc.compile(m, budget=b, compiler=compiler),
-                               steps=steps, config=config, batch=batch))
+        rows.append(run_config(f"rematc {b}", rematc_compile(b), steps=steps, config=config,
+                               batch=batch))
     base = rows[0].step_time
     table = Table(title=f"rematc demo ({compiler} codegen; memory above the pre-step live set)")
     for col in ("config", "budget", "predicted peak", "measured peak", "step", "vs compile",

@@ -82,16 +82,13 @@ class RematPartitioner(CustomPartitionerFn):
         return f"{get_hash_for_files(_SOURCES)!r}-{self.options.cache_key()}"
 
     def __call__(
-        self,
-        gm: fx.GraphModule,
-        joint_inputs: Sequence[Any],
-        *,
-        num_fwd_outputs: int,
-        static_lifetime_input_indices: list[int] | None = None,
-        **_: Any,
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """AOTAutograd passes ``num_fwd_outputs`` and ``static_lifetime_input_indices``
+        (and ``compiler``, which we ignore)."""
         t0 = time.perf_counter()
-        static = list(static_lifetime_input_indices or [])
+        num_fwd_outputs: int = kwargs["num_fwd_outputs"]
+        static = list(kwargs.get("static_lifetime_input_indices") or [])
         joint = prepare(gm)
         device = device_of(joint, self.options)
         costs = annotate(joint, device)
