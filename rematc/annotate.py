@@ -49,17 +49,22 @@ class NodeCost:
     is_random: bool  # draws random numbers: never recomputed with fresh randomness
     is_view: bool  # output aliases an input's storage
     is_cheap: bool  # no FLOPs to speak of: pointwise, view, reduction, copy
+    is_pointwise: bool  # tagged pointwise: Inductor fuses it into its consumer
     time: float  # seconds, roofline estimate
+    recompute_time: float  # seconds to recompute it in the backward (see recompute_cost)
 
 
-def annotate(gm: fx.GraphModule, device: DeviceProfile) -> dict[fx.Node, NodeCost]:
-    """Write a :class:`NodeCost` into every node's meta and return them."""
+def annotate(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool = False) -> dict[fx.Node, NodeCost]:
+    """Write a :class:`NodeCost` into every node's meta and return them.
+
+    ``fuses``: the emitted graphs go to Inductor, which fuses a recomputed pointwise op
+    into the kernel that consumes it (see :func:`recompute_cost`)."""
     owners: dict[StorageWeakRef, fx.Node] = {}
     costs: dict[fx.Node, NodeCost] = {}
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
-        cost = _cost(node, owners, costs, device)
+        cost = _cost(node, owners, costs, device, fuses=fuses)
         node.meta[META_KEY] = cost
         costs[node] = cost
     return costs
@@ -87,6 +92,8 @@ def _cost(
     owners: dict[StorageWeakRef, fx.Node],
     costs: dict[fx.Node, NodeCost],
     device: DeviceProfile,
+    *,
+    fuses: bool,
 ) -> NodeCost:
     outs = tensors(node.meta.get("val"))
     nbytes = 0
@@ -110,6 +117,9 @@ def _cost(
     time = 0.0
     if node.op == "call_function" and not is_view and node.target is not operator.getitem:
         time = device.op_time(flops=flops, bytes_moved=moved, itemsize=itemsize)
+    pointwise = isinstance(node.target, torch._ops.OpOverload) and (
+        torch.Tag.pointwise in node.target.tags
+    )
     return NodeCost(
         flops=flops,
         flops_source=source,
@@ -121,8 +131,23 @@ def _cost(
         is_random=is_random(node),
         is_view=is_view,
         is_cheap=flops == 0,
+        is_pointwise=pointwise,
         time=time,
+        recompute_time=recompute_cost(time, pointwise=pointwise, fuses=fuses, device=device),
     )
+
+
+def recompute_cost(time: float, *, pointwise: bool, fuses: bool, device: DeviceProfile) -> float:
+    """Seconds a recomputation adds to the backward.
+
+    Under Inductor a recomputed pointwise op is generated inside the kernel that reads its
+    result: the kernel reads the op's inputs instead of a saved output, about the same
+    bytes, so the pass over memory the roofline charges does not happen; what remains is
+    at most one launch. (PyTorch's min-cut partitioner treats such recomputation as free.)
+    Everything else, and everything on the eager route, costs its roofline time again."""
+    if fuses and pointwise:
+        return min(time, device.launch_overhead)
+    return time
 
 
 def node_flops(node: fx.Node) -> tuple[float, str]:

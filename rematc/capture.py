@@ -103,7 +103,7 @@ def capture(
                 deps=tuple(sorted(deps)),
                 backward=head not in forward,
                 size=costs[head].nbytes,
-                time=sum(costs[n].time for n in group),
+                time=sum(costs[n].recompute_time for n in group),
                 flops=sum(costs[n].flops for n in group),
                 recomputable=_recomputable(group, costs),
                 resident=_is_primal(head) or _is_fwd_seed_offset(head),

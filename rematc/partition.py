@@ -91,7 +91,7 @@ class RematPartitioner(CustomPartitionerFn):
         static = list(kwargs.get("static_lifetime_input_indices") or [])
         joint = prepare(gm)
         device = device_of(joint, self.options)
-        costs = annotate(joint, device)
+        costs = annotate(joint, device, fuses=self.options.compiler == "inductor")
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
                            host_bandwidth=device.host_bandwidth)

@@ -38,7 +38,7 @@ class Node:
     deps: tuple[int, ...] = ()  # indices of the values this op reads; all smaller than ours
     backward: bool = False  # computed by the backward (tangents and all that follows them)
     size: int = 0  # bytes of the storage this value owns
-    time: float = 0.0  # seconds to compute it once (the device model's estimate)
+    time: float = 0.0  # seconds one recomputation of it adds (the device model's estimate)
     flops: float = 0.0  # floating-point operations, for reports
     recomputable: bool = True  # False for random ops and values that must be saved
     resident: bool = False  # alive before the step (parameters, inputs): costs no budget
