@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, needed_values, plan_from_decisions
@@ -10,7 +12,7 @@ from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
 
 
-def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
+def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """Save every value the backward reads, recompute nothing: what autograd does.
 
     Its checker peak is the *unconstrained* activation memory that fractional budgets
@@ -32,7 +34,7 @@ def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveRe
     )
 
 
-def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
+def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """Recompute the cheapest seconds-per-byte values first until the checker's peak fits,
     then un-recompute the most expensive ones that are not needed to fit.
 
@@ -65,7 +67,92 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResu
             if trial.fits:
                 recomputed.discard(v)
                 report = trial
-    plan = plan_with(problem, recomputed)
+    return _judged(problem, plan_with(problem, recomputed), "greedy", t0)
+
+
+def checkpoint_every(problem: Problem, config: SolverConfig = SolverConfig(), *, k: int = 1) -> SolveResult:
+    """Activation checkpointing: keep every k-th segment boundary, recompute the rest.
+
+    Segment boundaries are the forward values that alone carry the computation from one
+    step to the next (every later value depends on earlier ones only through them): a
+    residual stream between blocks, a CNN's stage outputs. ``k = 1`` is checkpointing
+    every block (``torch.utils.checkpoint`` around each); random and must-save values are
+    saved whatever ``k``.
+    """
+    t0 = time.perf_counter()
+    if k < 1:
+        raise ValueError(f"checkpoint_every: k must be >= 1, got {k}")
+    boundaries = segment_boundaries(problem)
+    kept = set(boundaries[k - 1 :: k])
+    recomputed = {v for v in problem.candidates
+                  if problem.nodes[v].recomputable and v not in kept}
+    return _judged(problem, plan_with(problem, recomputed), f"checkpoint_every_{k}", t0)
+
+
+def sqrt_n(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+    """Chen et al.'s √n checkpointing: keep every ⌈√n⌉-th of the n segment boundaries."""
+    n = max(1, len(segment_boundaries(problem)))
+    result = checkpoint_every(problem, config, k=max(1, math.isqrt(n - 1) + 1 if n > 1 else 1))
+    return replace(result, solver="sqrt_n")
+
+
+def knapsack(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+    """PyTorch 2.13's ``activation_memory_budget`` choice: a 0/1 knapsack that saves the
+    values of largest recompute time whose *total saved bytes* fit, with no liveness.
+
+    Capacity is the budget minus the floor no plan avoids (the peak of the values every
+    plan holds); weights are quantized to 10,000 units of it, as PyTorch's ``dp`` solver
+    does. Whatever is not saved is recomputed; the checker then says whether the peak,
+    which the knapsack never looked at, fits.
+    """
+    t0 = time.perf_counter()
+    if problem.budget is None:
+        return replace(save_all(problem, config), solver="knapsack")
+    items = [v for v in problem.candidates if problem.backward_uses[v] and problem.nodes[v].recomputable]
+    saved = knapsack_choice(problem, items, problem.budget)
+    recomputed = {v for v in items if v not in saved}
+    return _judged(problem, plan_with(problem, recomputed), "knapsack", t0)
+
+
+def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: int = 10_000) -> frozenset[int]:
+    """The items to save: largest total recompute time with total bytes <= budget - floor."""
+    from solvers.cpsat import baseline
+
+    capacity = max(0, budget - max(baseline(problem), default=0))
+    weight = {v: math.ceil(problem.nodes[v].size * units / capacity) if capacity else units + 1
+              for v in items}
+    best: list[tuple[float, frozenset[int]]] = [(0.0, frozenset())] * (units + 1)
+    for v in items:  # the classic DP over capacity, keeping the chosen set
+        w, value = weight[v], problem.nodes[v].time
+        for c in range(units, w - 1, -1):
+            cand = best[c - w][0] + value
+            if cand > best[c][0]:
+                best[c] = (cand, best[c - w][1] | {v})
+    return best[units][1]
+
+
+def segment_boundaries(problem: Problem) -> list[int]:
+    """Forward values that are the only non-resident value live across their step."""
+    f = problem.n_forward
+    live_after = [0] * (f + 1)  # live non-resident values crossing from step k to k+1
+    for v in range(f):
+        node = problem.nodes[v]
+        if node.resident:
+            continue
+        end = problem.last_forward_use[v]
+        live_after[v] += 1
+        live_after[end] -= 1
+    out, live = [], 0
+    for k in range(f):
+        live += live_after[k]
+        if live == 1 and not problem.nodes[k].resident and problem.forward_users[k] and k in problem.candidates:
+            out.append(k)
+    return out
+
+
+def _judged(problem: Problem, plan: Plan, name: str, t0: float) -> SolveResult:
+    """A baseline's plan and the checker's verdict on it."""
+    report = check(problem, plan)
     return SolveResult(
         status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
         plan=plan if report.fits else None,
@@ -73,7 +160,7 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResu
         objective=report.added_time,
         bound=0.0,
         wall_time=time.perf_counter() - t0,
-        solver="greedy",
+        solver=name,
     )
 
 

@@ -272,7 +272,7 @@ def baseline(problem: Problem) -> list[int]:
     return out
 
 
-def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
+def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """The cheapest save/recompute plan within ``problem.budget``.
 
     Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
@@ -311,7 +311,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     )
 
 
-def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:  # noqa: B008 (SolverConfig is frozen: one shared default is safe)
+def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
     smallest feasible budget when the status is OPTIMAL."""
     t0 = time.perf_counter()

@@ -1,0 +1,93 @@
+"""Baselines: same signature and result type as the exact solver, judged by the checker."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers import Problem, SolverConfig, Status, check, save_all, solve
+from solvers.baselines import (
+    checkpoint_every,
+    greedy,
+    knapsack,
+    knapsack_choice,
+    segment_boundaries,
+    sqrt_n,
+)
+from solvers.cpsat import baseline
+from solvers.problem import chain_problem
+from solvers.result import InfeasibleBudgetError
+from tests.test_cpsat import small_problems
+
+BASELINES = {
+    "save_all": save_all,
+    "greedy": greedy,
+    "checkpoint_every_1": partial(checkpoint_every, k=1),
+    "checkpoint_every_2": partial(checkpoint_every, k=2),
+    "sqrt_n": sqrt_n,
+    "knapsack": knapsack,
+}
+
+
+def chain(budget: int | None = None) -> Problem:
+    return chain_problem([4] * 8, [1.0] * 8, budget=budget)
+
+
+def test_chain_boundaries_are_every_value_with_a_later_reader() -> None:
+    p = chain()
+    # f0..f6 each carry the chain alone; f7 (the last) has no forward reader.
+    assert [p.nodes[v].name for v in segment_boundaries(p)] == [f"f{k}" for k in range(7)]
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+@pytest.mark.parametrize("budget", [None, 36, 24, 20, 1])
+def test_baseline_verdict_is_the_checker_s(name: str, budget: int | None) -> None:
+    p = chain(budget)
+    result = BASELINES[name](p, SolverConfig())
+    assert result.report is not None
+    if result.status in (Status.OPTIMAL, Status.FEASIBLE):
+        assert result.plan is not None
+        assert check(p, result.plan) == result.report
+        assert result.report.fits
+    else:
+        assert result.status is Status.INFEASIBLE and result.plan is None
+        assert not result.report.fits
+
+
+def test_checkpointing_every_block_lowers_the_peak_of_a_chain() -> None:
+    p = chain()
+    full = save_all(p).report
+    every = checkpoint_every(p, k=1).report
+    assert full is not None and every is not None
+    assert every.n_recomputed > 0 and every.added_time > 0
+
+
+def test_knapsack_saves_within_its_byte_capacity_ignoring_liveness() -> None:
+    p = chain(budget=24)
+    items = [v for v in p.candidates if p.backward_uses[v]]
+    saved = knapsack_choice(p, items, 24)
+    capacity = 24 - max(baseline(p))
+    assert sum(p.nodes[v].size for v in saved) <= capacity
+    assert saved, "some value fits"
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problems(), st.data())
+def test_exact_solver_never_costs_more_than_a_feasible_baseline(p: Problem, data: st.DataObject) -> None:
+    full = save_all(p).report
+    assert full is not None
+    budget = data.draw(st.integers(0, full.peak))
+    q = p.with_budget(budget)
+    try:
+        exact = solve(q, SolverConfig(workers=1))
+    except InfeasibleBudgetError:
+        for fn in BASELINES.values():
+            assert fn(q, SolverConfig()).status is Status.INFEASIBLE
+        return
+    for name, fn in BASELINES.items():
+        r = fn(q, SolverConfig())
+        if r.status in (Status.OPTIMAL, Status.FEASIBLE):
+            assert exact.objective <= r.objective + 1e-9, name
