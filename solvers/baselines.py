@@ -34,40 +34,63 @@ def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveRe
     )
 
 
-def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
-    """Recompute the cheapest seconds-per-byte values first until the checker's peak fits,
-    then un-recompute the most expensive ones that are not needed to fit.
+def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
+           free_time: float | None = None) -> SolveResult:
+    """Recompute every *free* value at once if that lowers the peak (a chain of cheap
+    values only pays off whole), then the cheapest seconds-per-byte values one by one until
+    the checker's peak fits; finally un-recompute the most expensive ones not needed to fit.
 
-    Any set of recomputed values gives a valid plan when everything else the backward
-    (or a recomputation) reads is saved, so each step is one checker replay: about
-    2·|candidates| replays in all. Status FEASIBLE with a plan when it fits, else
+    ``free_time``: values costing at most this many seconds count as free (default: the
+    smallest positive recompute time among the candidates, i.e. one kernel launch when
+    pointwise ops fuse). Any set of recomputed values gives a valid plan when everything
+    else the backward (or a recomputation) reads is saved, so each step is one checker
+    replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits, else
     INFEASIBLE (greedy proves nothing: the budget may still be feasible).
     """
     t0 = time.perf_counter()
+    recomputed, report = _free_start(problem, free_time)
     order = sorted(
-        (v for v in problem.candidates if problem.nodes[v].recomputable and problem.nodes[v].size),
+        (v for v in problem.candidates
+         if problem.nodes[v].recomputable and problem.nodes[v].size and v not in recomputed),
         key=lambda v: (problem.nodes[v].time / problem.nodes[v].size, v),
     )
-    recomputed: set[int] = set()
-
-    def replay(rec: set[int]) -> Report:
-        return check(problem, plan_with(problem, rec))
-
-    report = replay(recomputed)
     for v in order:
         if report.fits:
             break
-        trial = replay(recomputed | {v})
+        trial = check(problem, plan_with(problem, recomputed | {v}))
         if trial.peak <= report.peak:
             recomputed.add(v)
             report = trial
     if report.fits:
         for v in sorted(recomputed, key=lambda v: -problem.nodes[v].time):
-            trial = replay(recomputed - {v})
+            trial = check(problem, plan_with(problem, recomputed - {v}))
             if trial.fits:
                 recomputed.discard(v)
                 report = trial
     return _judged(problem, plan_with(problem, recomputed), "greedy", t0)
+
+
+def free_recompute(problem: Problem, config: SolverConfig = SolverConfig(), *,
+                   free_time: float | None = None) -> SolveResult:
+    """Recompute every free value (see :func:`greedy`) when that lowers the peak, else
+    nothing: the plan for "no budget" under Inductor, where a recomputed pointwise op
+    fuses into its consumer and costs a launch, so the peak drops at almost no time."""
+    t0 = time.perf_counter()
+    recomputed, _ = _free_start(problem, free_time)
+    return _judged(problem, plan_with(problem, recomputed), "free_recompute", t0)
+
+
+def _free_start(problem: Problem, free_time: float | None) -> tuple[set[int], Report]:
+    """The free values, if recomputing them all lowers the peak, and the checker's report."""
+    nothing = check(problem, plan_with(problem, set()))
+    times = [problem.nodes[v].time for v in problem.candidates if problem.nodes[v].time > 0]
+    limit = free_time if free_time is not None else min(times, default=0.0)
+    free = {v for v in problem.candidates
+            if problem.nodes[v].recomputable and problem.nodes[v].time <= limit}
+    with_free = check(problem, plan_with(problem, free))
+    if with_free.peak < nothing.peak:
+        return free, with_free
+    return set(), nothing
 
 
 def checkpoint_every(problem: Problem, config: SolverConfig = SolverConfig(), *, k: int = 1) -> SolveResult:

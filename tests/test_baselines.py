@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from solvers import Problem, SolverConfig, Status, check, save_all, solve
 from solvers.baselines import (
     checkpoint_every,
+    free_recompute,
     greedy,
     knapsack,
     knapsack_choice,
@@ -29,6 +30,7 @@ BASELINES = {
     "checkpoint_every_2": partial(checkpoint_every, k=2),
     "sqrt_n": sqrt_n,
     "knapsack": knapsack,
+    "free_recompute": free_recompute,
 }
 
 
@@ -91,3 +93,13 @@ def test_exact_solver_never_costs_more_than_a_feasible_baseline(p: Problem, data
         r = fn(q, SolverConfig())
         if r.status in (Status.OPTIMAL, Status.FEASIBLE):
             assert exact.objective <= r.objective + 1e-9, name
+
+
+def test_free_recompute_lowers_the_peak_at_no_time_when_free_values_exist() -> None:
+    # f0..f7 with zero-time f1, f3, f5: recomputing them is free and frees memory.
+    p = chain_problem([4] * 8, [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    full = save_all(p).report
+    free = free_recompute(p, free_time=0.0).report
+    assert full is not None and free is not None
+    assert free.added_time == 0
+    assert free.peak <= full.peak
