@@ -6,8 +6,9 @@
 
 from rematc.backend import Backend, compile, rematc_backend
 from rematc.devices import PROFILES, DeviceProfile
+from rematc.errors import NoPlanError, RematcError, SolverError
 from rematc.options import Options
-from rematc.partition import PartitionRecord, records
+from rematc.partition import GraphBreakWarning, PartitionRecord, SolverFallbackWarning, records
 from solvers import InfeasibleBudgetError
 from solvers.budget import Budget, parse_budget
 
@@ -16,9 +17,14 @@ __all__ = [
     "Backend",
     "Budget",
     "DeviceProfile",
+    "GraphBreakWarning",
     "InfeasibleBudgetError",
+    "NoPlanError",
     "Options",
     "PartitionRecord",
+    "RematcError",
+    "SolverError",
+    "SolverFallbackWarning",
     "compile",
     "parse_budget",
     "records",

@@ -3,6 +3,9 @@
 Registered under the ``torch_dynamo_backends`` entry point, so
 ``torch.compile(model, backend="rematc", options={"budget": "2GiB"})`` works without
 importing rematc. Dynamo passes ``options`` (and ``mode``) only when they are given.
+
+One :class:`Backend` is one compiled step: the graphs it partitions (graph breaks,
+recompilations) share its budget (:class:`rematc.partition.BudgetShare`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,31 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
 from rematc.options import Options
-from rematc.partition import RematPartitioner
+from rematc.partition import BudgetShare, RematPartitioner
 
 
 class Backend:
-    """A torch.compile backend with fixed options: ``torch.compile(m, backend=Backend(o))``."""
+    """A torch.compile backend with fixed options: ``torch.compile(m, backend=Backend(o))``.
+
+    Every graph it compiles shares one budget (see :class:`BudgetShare`): use one
+    Backend per model, as ``rematc.compile`` does."""
 
     def __init__(self, options: Options) -> None:
+        if not isinstance(options, Options):
+            raise TypeError(
+                f"Backend takes a rematc.Options, got {type(options).__name__}; "
+                "use Options.from_mapping({...}) or rematc.compile(model, budget=...)"
+            )
         self.options = options
+        self.share = BudgetShare()
+
+    def reset(self) -> None:
+        """``torch._dynamo.reset()`` calls this: the compiled graphs are gone, and so is
+        what they held."""
+        self.share = BudgetShare()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        partitioner = RematPartitioner(self.options)
+        partitioner = RematPartitioner(self.options, self.share)
         if self.options.compiler == "inductor":
             from torch._inductor.compile_fx import compile_fx
 
@@ -51,8 +68,26 @@ def rematc_backend(
     options: Mapping[str, Any] | None = None,
     mode: str | None = None,
 ) -> Callable[..., Any]:
-    """Entry point of ``backend="rematc"``; ``mode`` is accepted and ignored."""
-    return Backend(Options.from_mapping(options))(gm, example_inputs)
+    """Entry point of ``backend="rematc"``; ``mode`` is accepted and ignored.
+
+    Dynamo calls it once per graph with the same ``options`` object for one
+    ``torch.compile`` call, so that object keys the Backend whose budget the graphs share.
+    """
+    if options is None:  # no budget: nothing to share
+        return Backend(Options.from_mapping(None))(gm, example_inputs)
+    entry = _BACKENDS.get(id(options))
+    if entry is None or entry[0] is not options:
+        # The mapping is held, so its id is not reused while the entry lives.
+        entry = (options, Backend(Options.from_mapping(options)))
+        _BACKENDS[id(options)] = entry
+    return entry[1](gm, example_inputs)
+
+
+# torch.compile(..., backend="rematc", options=o): id(o) -> (o, its Backend). One small
+# entry per torch.compile call with options, for the life of the process.
+_BACKENDS: dict[int, tuple[Mapping[str, Any], Backend]] = {}
+# torch._dynamo.reset() calls the backend's reset(): every compiled graph is dropped.
+rematc_backend.reset = _BACKENDS.clear  # type: ignore[attr-defined]
 
 
 def _boxed_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -72,8 +107,8 @@ def compile(model: torch.nn.Module | Callable[..., Any], *, budget: object = Non
     """``torch.compile`` with the rematc backend: ``rematc.compile(model, budget="2GiB")``.
 
     ``options`` are those of ``torch.compile(..., options=...)`` for rematc: compiler,
-    device, verify, time_limit, workers, seed, gap. Keyword ``dynamic``/``fullgraph``
-    go to torch.compile.
+    device, verify, cache_dir, time_limit, workers, seed, gap. Keyword
+    ``dynamic``/``fullgraph`` go to torch.compile.
     """
     compile_kwargs = {k: options.pop(k) for k in ("dynamic", "fullgraph") if k in options}
     opts = Options.from_mapping({"budget": budget, **options})

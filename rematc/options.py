@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +15,9 @@ from solvers import SolverConfig
 from solvers.budget import Budget, parse_budget
 
 COMPILERS = ("inductor", "eager")
+# ``cache_dir`` values: "auto" is $REMATC_CACHE_DIR when set, else ~/.cache/rematc;
+# None or "off" turns the plan cache off (see rematc.plancache).
+CACHE_AUTO, CACHE_OFF = "auto", "off"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +35,10 @@ class Options:
     solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit=60.0))
     # Check the emitted graphs against the plan (use-after-def, exact recompute set).
     verify: bool = True
+    # Directory of the on-disk plan cache (rematc.plancache): a path, "auto"
+    # ($REMATC_CACHE_DIR, else ~/.cache/rematc; resolved when a plan is cached, not at
+    # import) or None/"off". On by default: a second run of a job skips every solve.
+    cache_dir: str | os.PathLike[str] | None = CACHE_AUTO
 
     def __post_init__(self) -> None:
         if self.compiler not in COMPILERS:
@@ -40,22 +50,42 @@ class Options:
             )
         if not isinstance(self.verify, bool):
             raise ValueError(f"option 'verify' must be True or False, got {self.verify!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ValueError(
+                f"option 'cache_dir' must be a directory path, {CACHE_AUTO!r}, "
+                f"{CACHE_OFF!r} or None, got {self.cache_dir!r}"
+            )
+        if isinstance(self.cache_dir, str) and not self.cache_dir.strip():
+            raise ValueError(
+                f"option 'cache_dir' is an empty string; pass a directory path, "
+                f"{CACHE_AUTO!r}, {CACHE_OFF!r} or None"
+            )
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | None) -> Options:
         """From ``torch.compile(..., options={...})`` or keyword arguments.
 
-        Keys: budget, compiler, device, verify, and the solver's time_limit (seconds),
-        workers, seed and gap (relative optimality gap to stop at).
+        Keys: budget, compiler, device, verify, cache_dir, and the solver's time_limit
+        (seconds), workers, seed and gap (relative optimality gap to stop at).
         """
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(
+                f"rematc options must be a mapping such as {{'budget': '2GiB'}}, got "
+                f"{type(options).__name__} {options!r}"
+            )
         options = dict(options or {})
+        bad_keys = [k for k in options if not isinstance(k, str)]
+        if bad_keys:
+            raise ValueError(f"rematc option names must be strings, got {bad_keys!r}")
         solver_keys = {"time_limit": "time_limit", "workers": "workers", "seed": "seed",
                        "gap": "relative_gap"}
         own = {f.name for f in dataclasses.fields(Options)} - {"solver"}
         unknown = set(options) - own - set(solver_keys)
         if unknown:
-            accepted = ", ".join(sorted(own | set(solver_keys)))
-            raise ValueError(f"unknown rematc option(s) {sorted(unknown)}; accepted: {accepted}")
+            accepted = sorted(own | set(solver_keys))
+            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, accepted, n=1))
+                     else repr(k) for k in sorted(unknown)]
+            raise ValueError(f"unknown rematc option(s) {', '.join(hints)}; accepted: {', '.join(accepted)}")
         solver_args: dict[str, Any] = {}
         for key, attr in solver_keys.items():
             if key in options:
@@ -65,13 +95,27 @@ class Options:
         return Options(solver=SolverConfig(**{"time_limit": 60.0, **solver_args}), **options)
 
     def cache_key(self) -> str:
-        """Everything that changes the plan, for Inductor's FX-graph / AOT caches."""
-        return repr(self)
+        """Everything that changes the plan, for Inductor's FX-graph / AOT caches (where
+        plans are cached on disk does not change them)."""
+        return repr(dataclasses.replace(self, cache_dir=None))
+
+
+# What each solver option accepts beyond "non-negative", for the checks and the messages.
+_LIMITS: dict[str, tuple[float, str]] = {  # key: (largest value, note)
+    "time_limit": (math.inf, " (seconds, greater than 0)"),
+    "workers": (math.inf, " (0 = one per core)"),
+    "seed": (math.inf, ""),
+    "gap": (1.0, " (a relative gap, at most 1: 0.05 stops within 5% of the bound)"),
+}
 
 
 def _number(key: str, value: Any, *, integer: bool) -> float | int:
+    high, note = _LIMITS[key]
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or value < 0:
+    ok = ok and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= high
+    if ok and key == "time_limit" and value == 0:
+        ok = False  # CP-SAT would stop before it starts
+    if not ok:
         kind = "a non-negative int" if integer else "a non-negative number"
-        raise ValueError(f"option {key!r} must be {kind}, got {value!r}")
+        raise ValueError(f"option {key!r} must be {kind}{note}, got {value!r}")
     return value

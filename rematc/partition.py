@@ -2,6 +2,11 @@
 
 capture (prepare + annotate + build problem) -> solve -> check plan -> emit -> verify.
 
+Around the solve: the plan cache (:mod:`rematc.plancache`), the time-out fallback and
+typed errors (:func:`plan_for`). Around the budget: its share when a model compiles to
+several graphs (:class:`BudgetShare`) and its validity across shapes
+(:func:`bound_dynamic_sizes`).
+
 It plugs into Inductor as ``config_patches={"custom_partitioner_fn": RematPartitioner(...)}``
 (after Inductor's joint-graph passes, so ``replace_random`` and friends have run), or into
 ``aot_autograd(partition_fn=...)`` for the eager route.
@@ -12,10 +17,12 @@ from __future__ import annotations
 import logging
 import pathlib
 import time
+import warnings
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -25,14 +32,31 @@ from torch._functorch.partitioners import (
     force_save_collectives,
     force_save_effectful_ops,
 )
+from torch._guards import CompileContext
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
+from torch.fx.experimental.symbolic_shapes import (
+    ShapeEnv,
+    free_unbacked_symbols,
+    optimization_hint,
+)
 
-from rematc.annotate import annotate
+from rematc import plancache
+from rematc.annotate import NodeCost, annotate
 from rematc.capture import capture
 from rematc.devices import DeviceProfile, profile_for
 from rematc.emit import emit, verify
+from rematc.errors import NoPlanError, SolverError
 from rematc.options import Options
-from solvers import Plan, Problem, SolveResult, check, save_all, solve
+from solvers import (
+    InfeasibleBudgetError,
+    Plan,
+    Problem,
+    SolveResult,
+    check,
+    save_all,
+    solve,
+)
+from solvers.baselines import greedy
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +86,12 @@ class PartitionRecord:
     recomputed: tuple[str, ...]  # FX names of forward nodes recomputed in the backward
     problem: Problem
     plan: Plan
+    solver: str = ""  # what produced the plan: "save_all", "cpsat", "greedy" (fallback)
+    cached: bool = False  # the plan came from the on-disk plan cache: no solve ran
+    graph: tuple[int, int] | None = None  # (Dynamo frame, graph in frame); None outside Dynamo
+    held_before: int = 0  # bytes held by earlier graphs of the step, taken off the budget
+    holds: int = 0  # bytes this graph's plan holds when its forward ends (saved + outputs)
+    size_bounds: tuple[str, ...] = ()  # guards added so the plan serves only these shapes
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -72,9 +102,69 @@ def records() -> list[PartitionRecord]:
     return list(_RECORDS)
 
 
+@dataclass
+class BudgetShare:
+    """One absolute budget shared by the graphs of one compiled step (graph breaks).
+
+    A step compiled into graphs 1..n runs forward 1, ..., forward n, backward n, ...,
+    backward 1: what graph j holds when its forward ends (saved activations and its
+    outputs) stays alive while every later graph runs. So graph k is planned with the
+    budget minus what graphs 1..k-1 hold, ``held_before``. Graphs are keyed by Dynamo
+    frame (execution order, as Dynamo compiles frames when execution reaches them) and
+    by their order within the frame (DDP's bucket split); a recompilation of a graph
+    (a new shape) replaces its entry. Fraction budgets are not shared: each graph's
+    fraction applies to its own unconstrained peak.
+    """
+
+    holds: dict[tuple[int, int], int] = field(default_factory=dict)  # graph -> bytes
+    calls: dict[str, int] = field(default_factory=dict)  # compile id -> graphs so far
+    warned: bool = False
+
+    def graph(self) -> tuple[int, int] | None:
+        """The key of the graph being partitioned now (None outside a Dynamo compile)."""
+        cid = CompileContext.current_compile_id()
+        if cid is None or cid.frame_id is None:
+            return None
+        k = self.calls.get(str(cid), 0)
+        self.calls[str(cid)] = k + 1
+        return (cid.frame_id, k)
+
+    def held_before(self, graph: tuple[int, int] | None) -> int:
+        if graph is None:
+            return 0
+        return sum(b for g, b in self.holds.items() if g < graph)
+
+    def record(self, graph: tuple[int, int] | None, holds: int) -> None:
+        if graph is None:
+            return
+        grew = graph in self.holds and holds > self.holds[graph]
+        later = [g for g in self.holds if g > graph]
+        if grew and later:
+            log.info("rematc: graph %s now holds %d B (was %d B) while graphs %s were planned "
+                        "against the old figure; recompile them (torch._dynamo.reset()) to re-plan",
+                        graph, holds, self.holds[graph], later)
+        self.holds[graph] = holds
+        if len(self.holds) > 1 and not self.warned:
+            self.warned = True
+            warnings.warn(
+                "rematc: the model compiled to several graphs (a graph break); the "
+                "activations each graph saves stay alive while the later ones run, so they "
+                "share one budget and each later graph gets less (see README, "
+                "'Reliability'). Remove the break (TORCH_LOGS=graph_breaks shows it) to "
+                "plan the step as one graph.",
+                GraphBreakWarning,
+                stacklevel=2,
+            )
+
+
+class GraphBreakWarning(UserWarning):
+    """The step compiled to several graphs: they share the budget and cost memory."""
+
+
 class RematPartitioner(CustomPartitionerFn):
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, share: BudgetShare | None = None) -> None:
         self.options = options
+        self.share = share if share is not None else BudgetShare()
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -91,36 +181,64 @@ class RematPartitioner(CustomPartitionerFn):
         static = list(kwargs.get("static_lifetime_input_indices") or [])
         joint = prepare(gm)
         device = device_of(joint, self.options)
-        costs = annotate(joint, device, fuses=self.options.compiler == "inductor")
+        shape_env = shape_env_of(joint)
+        # Costs are estimates at the size hints: reading a symbolic size must not guard
+        # the graph to this one shape (bound_dynamic_sizes says which shapes it serves).
+        with shape_env.suppress_guards() if shape_env is not None else nullcontext():
+            costs = annotate(joint, device, fuses=self.options.compiler == "inductor")
+        warn_fallback_costs(costs, joint)
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
                            host_bandwidth=device.host_bandwidth)
         unconstrained = save_all(captured.problem).report
         assert unconstrained is not None
-        budget = None if self.options.budget is None else self.options.budget.resolve(unconstrained.peak)
-        problem = captured.problem.with_budget(budget)
-        result = plan_for(problem, self.options)
+        graph = self.share.graph()
+        budget, held = None, 0
+        if self.options.budget is not None:
+            budget = self.options.budget.resolve(unconstrained.peak)
+            if self.options.budget.nbytes is not None:
+                held = self.share.held_before(graph)
+            bounds = bound_dynamic_sizes(joint)
+        else:
+            bounds = ()  # saving everything is right at every shape
+        problem = captured.problem.with_budget(None if budget is None else max(0, budget - held))
+        try:
+            planned = plan_for(problem, self.options)
+        except InfeasibleBudgetError as e:
+            if not held or budget is None:
+                raise
+            raise InfeasibleBudgetError(
+                budget, None if e.min_feasible is None else e.min_feasible + held, proven=False
+            ) from e
+        result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
         if not report.fits:
-            raise AssertionError(f"plan peaks at {report.peak} B over budget {budget} B")
+            raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
+        holds = report.saved_bytes + sum(
+            n.size for n in problem.nodes[: problem.n_forward] if n.keep and not n.resident
+        )
+        self.share.record(graph, holds)
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:
             verify(joint, captured, result.plan, emitted)
         record = PartitionRecord(
             joint_nodes=len(joint.graph.nodes), values=len(problem.nodes),
-            candidates=len(problem.candidates), budget=budget,
+            candidates=len(problem.candidates), budget=problem.budget,
             unconstrained_peak=unconstrained.peak, predicted_peak=report.peak,
             added_time=report.added_time, added_flops=report.added_flops,
             status=result.status.value, gap=result.gap, solve_time=result.wall_time,
             partition_time=time.perf_counter() - t0, saved=emitted.saved,
             recomputed=emitted.recomputed, problem=problem, plan=result.plan,
+            solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
+            holds=holds, size_bounds=bounds,
         )
         _RECORDS.append(record)
         log.info("rematc: %d values, budget %s B, predicted peak %d B (unconstrained %d B), "
-                 "+%.3g s, %s in %.2f s", record.values, budget, report.peak,
-                 unconstrained.peak, report.added_time, record.status, record.solve_time)
+                 "+%.3g s, %s by %s%s in %.2f s", record.values, problem.budget, report.peak,
+                 unconstrained.peak, report.added_time, record.status, record.solver,
+                 " (cached)" if planned.cached else "", record.solve_time)
         return emitted.forward, emitted.backward
 
 
@@ -136,12 +254,132 @@ def prepare(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def plan_for(problem: Problem, options: Options) -> SolveResult:
-    """Saving everything is optimal whenever it fits (it adds no time): no search then."""
+class Planned(NamedTuple):
+    result: SolveResult  # status FEASIBLE or OPTIMAL, with a plan
+    cached: bool  # read from the plan cache
+
+
+def plan_for(problem: Problem, options: Options) -> Planned:
+    """The plan for ``problem``, from the first of:
+
+    1. saving everything, when it fits (it adds no time): no search, nothing cached;
+    2. the plan cache (``options.cache_dir``), when it holds a plan the checker accepts;
+    3. CP-SAT; its plan is cached. On a time-out it returns the best plan found (its gap
+       is recorded). With no plan at all, the greedy plan if the checker accepts it,
+       with a warning (not cached: a later run may have the time to do better); else
+       :class:`NoPlanError`. Any exception raised inside the solver comes out as
+       :class:`SolverError` (stage "solve", the original as ``__cause__``);
+       :class:`InfeasibleBudgetError` comes out as it is: it is an answer.
+    """
     unconstrained = save_all(problem)
     if unconstrained.plan is not None:
-        return unconstrained
-    return solve(problem, options.solver)
+        return Planned(unconstrained, cached=False)
+    root = plancache.directory(options.cache_dir)
+    digest = plancache.key(problem, options.solver) if root is not None else ""
+    if root is not None:
+        hit = plancache.load(root, digest, problem)
+        if hit is not None:
+            return Planned(hit, cached=True)
+    try:
+        result = solve(problem, options.solver)
+    except InfeasibleBudgetError:
+        raise
+    except Exception as e:
+        raise SolverError(
+            "solve",
+            f"the solver raised {type(e).__name__}: {e} (problem {problem.name!r}, "
+            f"{len(problem.nodes)} values, budget {problem.budget} B). The model was not "
+            "compiled. Please report it with the problem file (rematc solve --dump-dir).",
+        ) from e
+    if result.plan is not None:
+        if root is not None:
+            plancache.store(root, digest, result)
+        return Planned(result, cached=False)
+    fallback = greedy(problem, options.solver)
+    if fallback.plan is not None and check(problem, fallback.plan).fits:
+        warnings.warn(
+            f"rematc: CP-SAT found no plan in its time limit of {options.solver.time_limit:g} s "
+            f"(status {result.status.value}); using the greedy plan, which fits the budget but "
+            f"may recompute more. Raise the option 'time_limit' for a better plan.",
+            SolverFallbackWarning,
+            stacklevel=2,
+        )
+        return Planned(_with_bound(fallback, result.bound), cached=False)
+    raise NoPlanError(
+        "solve",
+        f"CP-SAT found no plan within the budget of {problem.budget} B in its time limit of "
+        f"{options.solver.time_limit:g} s (status {result.status.value}), and the greedy "
+        "fallback found none either. Raise the option 'time_limit', or the budget.",
+    )
+
+
+class SolverFallbackWarning(UserWarning):
+    """CP-SAT timed out without a plan; the greedy plan is used instead."""
+
+
+def _with_bound(result: SolveResult, bound: float) -> SolveResult:
+    """``result`` with CP-SAT's lower bound, so that its gap is meaningful."""
+    return replace(result, bound=min(max(bound, 0.0), result.objective))
+
+
+def shape_env_of(gm: fx.GraphModule) -> ShapeEnv | None:
+    """The ShapeEnv of a graph traced with symbolic sizes, else None."""
+    for n in gm.graph.find_nodes(op="placeholder"):
+        for s in _symints(n.meta.get("val")):
+            return s.node.shape_env
+    return None
+
+
+def bound_dynamic_sizes(gm: fx.GraphModule) -> tuple[str, ...]:
+    """Guard every symbolic input size to at most its size hint; return the guards.
+
+    A plan is solved for the hints. Every size in the graph is a product of input
+    sizes, so a fixed plan's peak can only grow with them: the plan keeps within its
+    budget for every shape up to the hint. A larger shape fails the guard, Dynamo
+    recompiles and the plan is solved again for it (and cached under its own key).
+    Unbacked sizes (data-dependent) have no hint to bound by; they are left alone and
+    logged.
+    """
+    bounds: dict[str, None] = {}
+    for n in gm.graph.find_nodes(op="placeholder"):
+        for s in _symints(n.meta.get("val")):
+            if free_unbacked_symbols(s):
+                log.warning("rematc: input %s has a data-dependent size %s; the plan is "
+                            "solved for its hint and not bounded", n.name, s)
+                continue
+            hint = int(optimization_hint(s))
+            text = f"{s.node.expr} <= {hint}"
+            if text not in bounds and bool(s <= hint):  # bool(): installs the guard
+                bounds[text] = None
+    return tuple(bounds)
+
+
+def _symints(val: Any) -> Iterator[torch.SymInt]:
+    if isinstance(val, torch.SymInt):
+        if val.node.expr.free_symbols:
+            yield val
+    elif isinstance(val, torch.Tensor):
+        for d in val.shape:
+            yield from _symints(d)
+
+
+def warn_fallback_costs(costs: dict[fx.Node, NodeCost], gm: fx.GraphModule) -> None:
+    """Log (once per op and process) ops outside aten/prims: their FLOPs are unknown, so
+    they are costed by the bytes they move, which may underrate a compute-heavy op."""
+    for node, cost in costs.items():
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace in _KNOWN_NAMESPACES:
+            continue
+        name = str(target)
+        if name not in _FALLBACK_LOGGED and cost.flops_source.startswith("none"):
+            _FALLBACK_LOGGED.add(name)
+            log.warning("rematc: no cost formula for %s (%s); costed by the %d bytes it moves "
+                        "(a compute-heavy op will look cheap to recompute)",
+                        name, node.format_node(), cost.bytes_moved)
+
+
+_KNOWN_NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d_functional"})
+_FALLBACK_LOGGED: set[str] = set()
 
 
 def device_of(gm: fx.GraphModule, options: Options) -> DeviceProfile:
