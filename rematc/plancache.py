@@ -1,0 +1,159 @@
+"""An on-disk cache of solved plans, so that a second run of the same job does not solve.
+
+One JSON file per key under the cache directory. The key is the SHA-256 of
+
+* the problem, canonically serialized (``solvers.problem_to_json``, sorted keys): every
+  value's name, op, dependencies, size and time, and the budget in bytes; so a new
+  shape, another budget or another device profile is another key;
+* the solver configuration (time limit, workers, seed, gap);
+* the versions of rematc, OR-Tools and torch, a hash of the solver sources, and
+  :data:`FORMAT` (bumped when the entry layout changes).
+
+An entry holds the plan (``solvers.plan_to_json``) and the solver's status, objective,
+bound and wall time. Loading trusts nothing: an entry that does not parse, belongs to
+another key or format, or whose plan the checker rejects for this problem (invalid, or
+over budget) is logged, ignored and overwritten by the next solve. Writes go to a
+temporary file in the same directory and are renamed into place (``os.replace`` is
+atomic on POSIX and Windows), so concurrent writers of one key leave one whole entry,
+never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import tempfile
+from importlib import metadata
+from typing import Any
+
+from rematc.options import CACHE_AUTO, CACHE_OFF
+from solvers import (
+    PlanError,
+    Problem,
+    SolverConfig,
+    SolveResult,
+    Status,
+    check,
+    plan_from_json,
+    plan_to_json,
+    problem_to_json,
+)
+
+log = logging.getLogger(__name__)
+
+FORMAT = "rematc.plancache/1"
+ENV = "REMATC_CACHE_DIR"  # overrides the default directory; "off" turns the cache off
+
+
+def directory(option: str | os.PathLike[str] | None) -> pathlib.Path | None:
+    """The cache directory for the ``cache_dir`` option, or None when the cache is off."""
+    if option is None:
+        return None
+    value = os.fspath(option)
+    if value == CACHE_AUTO:
+        value = os.environ.get(ENV) or str(pathlib.Path("~/.cache/rematc"))
+    if value.strip().lower() == CACHE_OFF:
+        return None
+    return pathlib.Path(value).expanduser()
+
+
+def key(problem: Problem, config: SolverConfig) -> str:
+    """SHA-256 hex digest of everything that determines the plan (see the module doc)."""
+    material = {
+        "format": FORMAT,
+        "problem": problem_to_json(problem),
+        "solver": {"time_limit": config.time_limit, "workers": config.workers,
+                   "seed": config.seed, "relative_gap": config.relative_gap},
+        "versions": _versions(),
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load(root: pathlib.Path, digest: str, problem: Problem) -> SolveResult | None:
+    """The cached result for ``digest`` if present and valid for ``problem``, else None."""
+    path = _path(root, digest)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("rematc plan cache: cannot read %s (%s); solving instead", path, e)
+        return None
+    try:
+        entry = json.loads(text)
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != digest:
+            raise ValueError("not an entry of this format and key")
+        plan = plan_from_json(entry["plan"])
+        report = check(problem, plan)
+        if not report.fits:
+            raise ValueError(f"its plan peaks at {report.peak} B, over the budget {problem.budget} B")
+        status = Status(entry["status"])
+        if status not in (Status.OPTIMAL, Status.FEASIBLE):
+            raise ValueError(f"status {status.value!r} has no plan")
+        return SolveResult(
+            status=status, plan=plan, report=report, objective=report.added_time,
+            bound=min(float(entry["bound"]), report.added_time),
+            wall_time=float(entry["wall_time"]), solver=str(entry["solver"]),
+            stats={"cache": str(path)},
+        )
+    except (ValueError, KeyError, TypeError, PlanError) as e:
+        log.warning("rematc plan cache: ignoring invalid entry %s (%s); solving again", path, e)
+        return None
+
+
+def store(root: pathlib.Path, digest: str, result: SolveResult) -> None:
+    """Write ``result`` under ``digest`` atomically; a failure to write is logged, not raised
+    (the plan is already in hand)."""
+    assert result.plan is not None
+    entry: dict[str, Any] = {
+        "format": FORMAT, "key": digest, "status": result.status.value,
+        "plan": plan_to_json(result.plan), "objective": result.objective,
+        "bound": result.bound, "wall_time": result.wall_time, "solver": result.solver,
+    }
+    path = _path(root, digest)
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:16]}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        log.warning("rematc plan cache: cannot write %s (%s); the plan is used uncached", path, e)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _path(root: pathlib.Path, digest: str) -> pathlib.Path:
+    return root / digest[:2] / f"{digest}.json"
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    """Package versions, plus a hash of the solver sources: an edited solver in a
+    development install must not reuse plans of the old one."""
+    out = {}
+    for dist in ("rematc", "ortools", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    sources = sorted((pathlib.Path(__file__).parent.parent / "solvers").glob("*.py"))
+    h = hashlib.sha256()
+    for p in sources:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    out["solvers"] = h.hexdigest()
+    return out
+
