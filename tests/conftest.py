@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+# rematc's plan cache is off unless a test passes its own cache_dir (tmp_path): no test
+# writes to ~/.cache or reuses another test's plans.
+os.environ.setdefault("REMATC_CACHE_DIR", "off")
 
 from collections.abc import Iterator
 
