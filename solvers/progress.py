@@ -1,0 +1,187 @@
+"""CP-SAT with progress reports and a clean stop: the exact solver of :mod:`solvers.cpsat`
+run in a worker thread, watched from the calling thread.
+
+:func:`solve_watched` builds the same model, hint and parameters as
+:func:`solvers.cpsat.solve` and returns the same :class:`SolveResult`; in addition
+
+* ``on_progress`` is called from the calling thread every ``tick`` seconds and after each
+  new incumbent with an :class:`Incumbent` (objective, bound, gap, elapsed time), for a
+  progress bar;
+* a ``KeyboardInterrupt`` in the calling thread (Ctrl-C), or setting ``stop``, asks CP-SAT
+  to stop (``CpSolver.stop_search``); the best plan found so far is then returned with
+  its gap and ``interrupted=True``. CP-SAT's own SIGINT handler is turned off
+  (``catch_sigint_signal``) so that Ctrl-C reaches Python, and Python's handler is
+  re-registered first (:func:`restore_sigint`): a CP-SAT solve that did catch SIGINT
+  leaves the signal's disposition at the default, which kills the process.
+
+The search runs in a worker thread because a Python signal handler only runs when the
+main thread executes bytecode, not while it waits inside ``CpSolver.solve``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from solvers import cpsat
+from solvers.baselines import greedy
+from solvers.checker import check
+from solvers.problem import Problem
+from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The state of the search: the best plan's added time and the proven bound."""
+
+    objective: float | None  # seconds added by the best plan so far; None before the first
+    bound: float  # seconds: no plan adds less
+    elapsed: float  # seconds since the search started
+    solutions: int  # incumbents found so far
+
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None:
+            return None
+        if self.objective <= 0:
+            return 0.0
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+@dataclass(frozen=True)
+class Watched:
+    result: SolveResult
+    interrupted: bool  # stopped by Ctrl-C or ``stop`` before the search finished
+    model: cpsat.Model  # the CP-SAT model that was solved (for dumps)
+
+
+class _Watcher(cp_model.CpSolverSolutionCallback):
+    """Records each incumbent; called from CP-SAT's threads."""
+
+    def __init__(self, model: cpsat.Model, t0: float) -> None:
+        super().__init__()
+        self._model = model
+        self._t0 = t0
+        self._lock = threading.Lock()
+        self.objective: float | None = None
+        self.bound = 0.0
+        self.solutions = 0
+
+    def on_solution_callback(self) -> None:
+        objective = _seconds(self._model, self.objective_value)
+        bound = _seconds(self._model, self.best_objective_bound)
+        with self._lock:
+            self.objective, self.bound = objective, min(bound, objective)
+            self.solutions += 1
+
+    def snapshot(self) -> Incumbent:
+        with self._lock:
+            return Incumbent(self.objective, self.bound, time.perf_counter() - self._t0, self.solutions)
+
+
+def solve_watched(
+    problem: Problem,
+    config: SolverConfig = SolverConfig(),
+    *,
+    on_progress: Callable[[Incumbent], None] | None = None,
+    stop: threading.Event | None = None,
+    tick: float = 0.1,
+) -> Watched:
+    """:func:`solvers.cpsat.solve` with progress and interruption (see the module docstring).
+
+    Raises :class:`InfeasibleBudgetError` when the budget is proven infeasible.
+    """
+    restore_sigint()
+    t0 = time.perf_counter()
+    model = cpsat.build(problem)
+    start = greedy(problem, config)
+    if start.plan is not None:
+        cpsat.hint(model, start.plan)
+    solver = cpsat._solver(config)
+    solver.parameters.catch_sigint_signal = False
+    watcher = _Watcher(model, t0)
+    codes: list[cp_model.CpSolverStatus] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            codes.append(solver.solve(model.cp, watcher))
+        except BaseException as e:  # re-raised in the calling thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run, name="cpsat", daemon=True)
+    worker.start()
+    interrupted = False
+    seen = -1
+    # Wait on an Event, not Thread.join: on Python 3.11 a KeyboardInterrupt inside join()
+    # can leave the thread looking finished while CP-SAT still runs in it.
+    while not done.is_set():
+        try:
+            done.wait(tick)
+            if stop is not None and stop.is_set() and not interrupted:
+                interrupted = True
+                solver.stop_search()
+        except KeyboardInterrupt:
+            interrupted = True
+            solver.stop_search()
+        if on_progress is not None:
+            state = watcher.snapshot()
+            if state.solutions != seen or not done.is_set():
+                on_progress(state)
+                seen = state.solutions
+    worker.join()
+    if errors:
+        raise errors[0]
+    code = codes[0]
+    wall = time.perf_counter() - t0
+    stats = cpsat._stats(model, solver, code)
+    if code == cp_model.INFEASIBLE:
+        assert problem.budget is not None
+        peak = cpsat.min_feasible_peak(problem, config)
+        raise InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
+                                    proven=peak.status is Status.OPTIMAL)
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        result = SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                             bound=_seconds(model, solver.best_objective_bound), wall_time=wall,
+                             solver="cpsat", stats=stats)
+        return Watched(result, interrupted, model)
+    plan = cpsat.extract_plan(model, solver)
+    report = check(problem, plan)
+    if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
+        raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
+    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
+    result = SolveResult(
+        status=status, plan=plan, report=report, objective=report.added_time,
+        bound=min(report.added_time, _seconds(model, solver.best_objective_bound)),
+        wall_time=wall, solver="cpsat", stats=stats,
+    )
+    return Watched(result, interrupted, model)
+
+
+def restore_sigint() -> None:
+    """Re-register Python's SIGINT handler with the OS (main thread only).
+
+    CP-SAT with ``catch_sigint_signal`` (its default) installs its own handler for the
+    solve and afterwards leaves SIGINT at the default disposition: the next Ctrl-C kills
+    the process instead of raising ``KeyboardInterrupt``.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not None:
+        signal.signal(signal.SIGINT, handler)
+
+
+def _seconds(model: cpsat.Model, value: float) -> float:
+    """An objective value or bound in seconds (without the tie-break term)."""
+    return cpsat._seconds(model, value)
