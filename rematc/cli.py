@@ -1,102 +1,612 @@
-"""The ``rematc`` command line.
+"""The ``rematc`` command line (also ``python -m rematc``).
 
-    rematc demo [--compiler eager] [--budgets 100% 75% 55%]
-    rematc solve PROBLEM.json --budget 512MiB [--time-limit 30] [--json]
+    rematc export model.pt2 -o model.json --device h100 --dtype bfloat16
+    rematc export mypkg.models:make -o model.json
+    rematc solve model.json --budget 40% [--solver cpsat] [--out plan.json] [--json]
+    rematc explain model.json --budget 512MiB
+    rematc plot model.json --budget 40% --out-dir plots/
+    rematc demo [--compiler eager]
 
-Bad input is a one-line message and exit status 2, never a traceback.
+A FILE is a ``.pt2`` (``torch.export.save``), a rematc problem JSON, a networkx
+node-link benchmark graph (``*_train_nx.json``), or a factory ``module:function``
+returning ``(model, example_inputs)``.
+
+Exit status: 0 done; 1 no plan fits the budget; 2 bad input (a one-line message, never
+a traceback); 130 interrupted (the best plan so far is still reported).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from solvers import InfeasibleBudgetError, SolverConfig, save_all, solve
+from solvers import (
+    InfeasibleBudgetError,
+    Plan,
+    Problem,
+    ProblemError,
+    SolverConfig,
+    SolveResult,
+    check,
+    save_all,
+)
 from solvers.budget import format_bytes, parse_budget
+
+if TYPE_CHECKING:
+    from rematc.trace import Traced
+
+SOLVERS = ("cpsat", "greedy", "save_all")
+DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
+DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
+TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
+EXIT_OK, EXIT_NO_PLAN, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad command-line arguments; reported like every other bad input."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (``rematc: error: ...``, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+# ---- the parser ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rematc", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, examples: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, epilog=examples,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = command("demo", "train a small GPT at several budgets, predicted vs measured",
+                "example:\n  rematc demo --compiler eager")
+    p.add_argument("--compiler", choices=("inductor", "eager"), default="inductor")
+    p.add_argument("--budgets", nargs="+", default=["100%", "75%", "55%"])
+    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
+
+    p = command("export", "write the problem file of a model's training step",
+                "examples:\n  rematc export model.pt2 -o model.json --device h100 --dtype bfloat16\n"
+                "  rematc export mypkg.models:make_model -o model.json\n\n"
+                "A .pt2 module returning one scalar is the loss; otherwise its first output\n"
+                "is reduced with .sum(). A factory takes no arguments and returns\n"
+                "(model, example_inputs); the model's forward returns the loss.")
+    _model_source(p)
+    p.add_argument("-o", "--out", required=True, help="problem JSON to write")
+
+    p = command("solve", "plan a training step under a memory budget",
+                "examples:\n  rematc solve model.json --budget 40%\n"
+                "  rematc solve model.pt2 --budget 2GiB --out plan.json --dump-dir dump/\n"
+                "  rematc solve fcn_8_vgg_32_416x608_train_nx.json --budget 80% --json")
+    _model_source(p)
+    _planning(p)
+    p.add_argument("--out", help="write the plan here (rematc.plan JSON)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
+    p.add_argument("--dump-dir", help="write the CP-SAT model, the plan and the graphs before/after here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+
+    p = command("explain", "why each value is saved, recomputed or offloaded",
+                "examples:\n  rematc explain model.json --budget 512MiB\n"
+                "  rematc explain model.pt2 --budget 1MiB   # infeasible: the smallest budget and why")
+    _model_source(p)
+    _planning(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--limit", type=int, default=0, help="show only the N largest values (0: all)")
+
+    p = command("plot", "PNGs of the memory timeline and the added-time/budget Pareto curve",
+                "example:\n  rematc plot model.json --budget 40% --out-dir plots/ --points 8")
+    _model_source(p)
+    _planning(p)
+    p.add_argument("--out-dir", default=".", help="folder for <name>-timeline.png and <name>-pareto.png")
+    p.add_argument("--points", type=int, default=8, help="budgets in the Pareto sweep")
+    p.add_argument("--sweep-time-limit", type=float, default=5.0, help="seconds per sweep solve")
+    return parser
+
+
+def _model_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="FILE",
+                   help=".pt2, problem JSON, node-link graph JSON, or module:function")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="device profile for op times (models only)")
+    p.add_argument("--dtype", choices=DTYPES, help="cast the model and floating inputs (models only)")
+    p.add_argument("--target", choices=TARGETS, default="inductor",
+                   help="codegen the costs assume: Inductor fuses recomputed pointwise ops (models only)")
+
+
+def _planning(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", help="bytes, '512MiB', '2GB', or a fraction '40%%' of the save-all peak "
+                                    "(default: the budget in the problem file)")
+    p.add_argument("--solver", choices=SOLVERS, default="cpsat")
+    p.add_argument("--time-limit", type=_non_negative(float), default=60.0, help="seconds (CP-SAT)")
+    p.add_argument("--workers", type=_non_negative(int), default=0, help="CP-SAT workers; 0: one per core")
+    p.add_argument("--seed", type=_non_negative(int), default=0, help="CP-SAT random seed")
+
+
+def _non_negative(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a non-negative {kind.__name__}, got {text!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"expected a non-negative {kind.__name__}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+# ---- main ---------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rematc", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p_demo = sub.add_parser("demo", help="train a small GPT at several budgets, predicted vs measured")
-    p_demo.add_argument("--compiler", choices=("inductor", "eager"), default="inductor")
-    p_demo.add_argument("--budgets", nargs="+", default=["100%", "75%", "55%"])
-    p_demo.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
-
-    p_solve = sub.add_parser("solve", help="plan a rematc problem file under a budget")
-    p_solve.add_argument("problem", help="problem JSON (see docs/problem-format.md)")
-    p_solve.add_argument("--budget", required=True, help="bytes, '512MiB', '2GB' or '40%%'")
-    p_solve.add_argument("--time-limit", type=float, default=60.0)
-    p_solve.add_argument("--workers", type=int, default=0)
-    p_solve.add_argument("--seed", type=int, default=0)
-    p_solve.add_argument("--json", action="store_true", help="machine-readable output")
-    p_solve.add_argument("--out", help="write the plan as JSON here")
-
-    args = parser.parse_args(argv)
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
         if args.command == "demo":
             from rematc.demo import demo
 
             for b in args.budgets:
                 parse_budget(b)
             demo(args.budgets, compiler=args.compiler, steps=args.steps)
-            return 0
-        return _solve(args)
-    except (ValueError, OSError) as e:  # ProblemError and InfeasibleBudgetError included
-        print(f"rematc: error: {e}", file=sys.stderr)
-        return 2
+            return EXIT_OK
+        run = {"export": _export, "solve": _solve, "explain": _explain, "plot": _plot}[args.command]
+        return run(args)
+    except InfeasibleBudgetError as e:
+        _error(f"infeasible: {e}")
+        return EXIT_NO_PLAN
+    except (UsageError, ValueError, OSError) as e:  # ProblemError, PlanError, TraceError too
+        _error(_one_line(e))
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("rematc: interrupted", file=sys.stderr)
-        return 130
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _error(message: str) -> None:
+    print(f"rematc: error: {message}", file=sys.stderr)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or type(e).__name__}"
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+# ---- inputs -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    problem: Problem
+    traced: Traced | None  # the captured model when the input is one (for shapes and FX dumps)
+
+
+def load_source(args: argparse.Namespace) -> Source:
+    """The problem of FILE, whatever its kind (see the module docstring)."""
+    spec: str = args.source
+    from_model = spec.endswith(".pt2")
+    if not from_model and not os.path.exists(spec):
+        from rematc.trace import is_factory
+
+        from_model = is_factory(spec)
+    if from_model:
+        traced = _trace(spec, args)
+        return Source(traced.problem, traced)
+    return Source(_load_problem_file(spec), None)
+
+
+def _trace(spec: str, args: argparse.Namespace) -> Traced:
+    from rematc.trace import load_factory, load_pt2, trace
+
+    if spec.endswith(".pt2"):
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(2, "No such file", spec)
+        model, inputs = load_pt2(spec)
+        name = os.path.basename(spec).removesuffix(".pt2")
+    else:
+        model, inputs = load_factory(spec)
+        name = spec.rpartition(":")[2]
+    return trace(model, inputs, device=args.device, target=args.target, dtype=args.dtype, name=name)
+
+
+def _load_problem_file(path: str) -> Problem:
+    """A rematc problem file or a node-link graph, told apart by their contents."""
+    from solvers.importers import is_node_link, problem_from_node_link, read_json
+    from solvers.io import problem_from_json
+
+    data = read_json(path)
+    try:
+        if isinstance(data, dict) and "format" in data:
+            return problem_from_json(data)
+        if is_node_link(data):
+            return problem_from_node_link(data, name=os.path.basename(path).removesuffix(".json"))
+    except ProblemError as e:
+        raise ProblemError(f"{path}: {e}") from None
+    raise ProblemError(f"{path}: neither a rematc problem (no \"format\" key) nor a networkx "
+                       "node-link graph (no \"nodes\" and \"links\")")
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    problem: Problem  # with the budget in bytes
+    unconstrained: int  # bytes: the save-all peak
+    config: SolverConfig
+
+
+def with_budget(problem: Problem, args: argparse.Namespace) -> Budgeted:
+    before = save_all(problem.with_budget(None)).report
+    assert before is not None
+    if args.budget is None:
+        if problem.budget is None:
+            raise UsageError("no budget: pass --budget (e.g. --budget 40% or --budget 512MiB)")
+        budget = problem.budget
+    else:
+        budget = parse_budget(args.budget).resolve(before.peak)
+    config = SolverConfig(time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    return Budgeted(problem.with_budget(budget), before.peak, config)
+
+
+# ---- export -------------------------------------------------------------------------
+
+
+def _export(args: argparse.Namespace) -> int:
+    from solvers.io import save_problem
+
+    spec: str = args.source
+    if not (spec.endswith(".pt2") or not os.path.exists(spec)):
+        raise UsageError(f"export reads a model: a .pt2 file or module:function, got {spec!r}")
+    traced = load_source(args).traced
+    if traced is None:
+        raise UsageError(f"export reads a model: a .pt2 file or module:function, got {spec!r}")
+    save_problem(traced.problem, args.out)
+    p = traced.problem
+    peak = save_all(p).report
+    assert peak is not None
+    print(f"wrote {args.out}: {len(p.nodes)} values ({p.n_forward} forward), "
+          f"{len(p.candidates)} decisions, save-all peak {format_bytes(peak.peak)}")
+    return EXIT_OK
+
+
+# ---- solve --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Solved:
+    result: SolveResult
+    interrupted: bool
+    model: Any  # solvers.cpsat.Model when CP-SAT ran
+
+
+def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress: bool) -> Solved:
+    """One solve; CP-SAT with a progress bar (on a terminal) and Ctrl-C support."""
+    if solver == "save_all":
+        return Solved(save_all(problem, config), False, None)
+    if solver == "greedy":
+        from solvers.baselines import greedy
+
+        return Solved(greedy(problem, config), False, None)
+    from solvers.progress import solve_watched
+
+    if not progress:
+        w = solve_watched(problem, config)
+        return Solved(w.result, w.interrupted, w.model)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("CP-SAT"), BarColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[state]}"))
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("solve", total=config.time_limit or 1.0, state="searching")
+        unit = _time_unit(problem)
+
+        def update(s: Any) -> None:
+            if s.objective is None:
+                state = "no plan yet"
+            else:
+                state = (f"incumbent +{_fmt_time(s.objective, unit)}  bound +{_fmt_time(s.bound, unit)}  "
+                         f"gap {s.gap:.1%}")
+            bar.update(task, completed=min(s.elapsed, config.time_limit), state=state)
+
+        w = solve_watched(problem, config, on_progress=update)
+    return Solved(w.result, w.interrupted, w.model)
 
 
 def _solve(args: argparse.Namespace) -> int:
-    from solvers.io import load_problem
+    source = load_source(args)
+    b = with_budget(source.problem, args)
+    problem = b.problem
+    from rich.console import Console
 
-    problem = load_problem(args.problem)
-    unconstrained = save_all(problem).report
-    assert unconstrained is not None
-    budget = parse_budget(args.budget).resolve(unconstrained.peak)
-    config = SolverConfig(time_limit=args.time_limit, workers=args.workers, seed=args.seed)
-    try:
-        result = solve(problem.with_budget(budget), config)
-    except InfeasibleBudgetError as e:
-        print(f"rematc: infeasible: {e}", file=sys.stderr)
-        return 1
-    report = result.report
-    summary = {
-        "status": result.status.value,
-        "budget": budget,
-        "peak_before": unconstrained.peak,
-        "peak_after": report.peak if report else None,
-        "added_time_s": result.objective,
-        "added_flops": report.added_flops if report else None,
-        "recomputed": report.n_recomputed if report else None,
-        "gap": result.gap,
-        "solve_time_s": result.wall_time,
-    }
+    progress = not args.json and not args.no_progress and Console(stderr=True).is_terminal
+    solved = run_solver(problem, args.solver, b.config, progress=progress)
+    result = solved.result
     if args.out and result.plan is not None:
-        with open(args.out, "w") as f:
-            json.dump(result.plan.to_json(), f)
+        from solvers.io import save_plan
+
+        save_plan(result.plan, args.out)
+    if args.dump_dir:
+        dump(args.dump_dir, source, problem, result.plan, solved.model)
+    summary = summarize(problem, b.unconstrained, solved)
     if args.json:
         print(json.dumps(summary))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        _print_summary(problem, summary, source=args.source)
+    if solved.interrupted:
+        gap = "-" if result.plan is None else f"{result.gap:.2%}"
+        _error(f"interrupted: {'no plan found yet' if result.plan is None else 'best plan so far'}, gap {gap}")
+        return EXIT_INTERRUPTED
+    if result.plan is None:
+        if args.solver != "cpsat":
+            _error(f"{args.solver} found no plan within {format_bytes(problem.budget or 0)}; try --solver cpsat")
+        else:
+            _error("no plan found within the time limit; raise --time-limit")
+        return EXIT_NO_PLAN
+    return EXIT_OK
 
-        table = Table(title=f"rematc solve {problem.name or args.problem}")
-        table.add_column("")
-        table.add_column("", justify="right")
-        for key, value in summary.items():
-            if key in ("budget", "peak_before", "peak_after") and isinstance(value, int):
-                value = format_bytes(value)
-            table.add_row(key, str(value))
-        Console().print(table)
-    return 0
+
+def summarize(problem: Problem, unconstrained: int, solved: Solved) -> dict[str, Any]:
+    """The numbers of a solve, in real units (bytes, seconds or the problem's time unit)."""
+    result = solved.result
+    report = result.report if result.plan is not None else None
+    step_time = sum(n.time for n in problem.nodes)
+    return {
+        "problem": problem.name,
+        "solver": result.solver,
+        "status": result.status.value,
+        "interrupted": solved.interrupted,
+        "budget": problem.budget,
+        "peak_before": unconstrained,
+        "peak_after": report.peak if report else None,
+        "added_time": report.added_time if report else None,
+        "added_time_fraction": (report.added_time / step_time if report and step_time else 0.0)
+        if report else None,
+        "time_unit": _time_unit(problem),
+        "added_flops": report.added_flops if report else None,
+        "recomputed": report.n_recomputed if report else None,
+        "offloaded_bytes": report.offloaded_bytes if report else None,
+        "saved_bytes": report.saved_bytes if report else None,
+        "solve_time_s": result.wall_time,
+        "gap": result.gap if report else None,
+        "plan": result.plan.to_json() if result.plan is not None else None,
+    }
+
+
+def _print_summary(problem: Problem, s: dict[str, Any], *, source: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    unit = s["time_unit"]
+    table = Table(title=f"rematc solve {problem.name or source}", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("", justify="right")
+    status = s["status"] + (" (interrupted)" if s["interrupted"] else "")
+    rows = [
+        ("status", status),
+        ("solver", s["solver"]),
+        ("peak before (save all)", format_bytes(s["peak_before"])),
+        ("peak after", _opt(s["peak_after"], format_bytes)),
+        ("budget", _opt(s["budget"], format_bytes)),
+        ("added time", _opt(s["added_time"], lambda t: f"+{_fmt_time(t, unit)}")
+         + (f" ({s['added_time_fraction']:.2%} of the step)" if s["added_time"] else "")),
+        ("added FLOPs", _opt(s["added_flops"], lambda f: f"{f:.3g}")),
+        ("recomputed values", _opt(s["recomputed"], str)),
+        ("offloaded", _opt(s["offloaded_bytes"], format_bytes)),
+        ("solve time", f"{s['solve_time_s']:.2f} s"),
+        ("gap", _opt(s["gap"], lambda g: f"{g:.2%}")),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
+
+
+def _opt(value: Any, fmt: Any) -> str:
+    return "-" if value is None else str(fmt(value))
+
+
+def _time_unit(problem: Problem) -> str:
+    return "units" if "time_unit" in problem.meta else "s"
+
+
+def _fmt_time(t: float, unit: str) -> str:
+    if unit != "s":
+        return f"{t:.4g} {unit}"
+    for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(t) >= scale:
+            return f"{t / scale:.3g} {name}"
+    return f"{t * 1e9:.3g} ns" if t else "0 s"
+
+
+# ---- dumps --------------------------------------------------------------------------
+
+
+def dump(folder: str, source: Source, problem: Problem, plan: Plan | None, model: Any) -> None:
+    """The CP-SAT model (text proto), the plan, and the graphs before and after."""
+    from solvers.io import save_plan, save_problem
+
+    os.makedirs(folder, exist_ok=True)
+    if model is None:
+        from solvers import cpsat
+
+        model = cpsat.build(problem)
+    with open(os.path.join(folder, "model.pb.txt"), "w", encoding="utf-8") as f:
+        f.write(str(model.cp.proto))
+    save_problem(problem, os.path.join(folder, "problem.json"))
+    with open(os.path.join(folder, "before.dot"), "w", encoding="utf-8") as f:
+        f.write(to_dot(problem, None))
+    if plan is not None:
+        save_plan(plan, os.path.join(folder, "plan.json"))
+        with open(os.path.join(folder, "after.dot"), "w", encoding="utf-8") as f:
+            f.write(to_dot(problem, plan))
+    if source.traced is not None:
+        traced = source.traced
+        _write(os.path.join(folder, "joint.py"), traced.joint.code)
+        if plan is not None:
+            emitted = traced.emit(plan)
+            _write(os.path.join(folder, "forward.py"), emitted.forward.code)
+            _write(os.path.join(folder, "backward.py"), emitted.backward.code)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+_COLORS = {"save": "palegreen", "recompute": "orange", "offload": "lightblue"}
+
+
+def to_dot(problem: Problem, plan: Plan | None) -> str:
+    """GraphViz DOT of the problem; with a plan, values are colored by decision and each
+    rematerialization is an edge to the backward step it runs before."""
+    lines = [f"digraph {json.dumps(problem.name or 'problem')} {{", "  rankdir=TB;", "  node [shape=box, style=filled, fillcolor=white];"]
+    for i, n in enumerate(problem.nodes):
+        d = plan.decisions.get(i) if plan is not None else None
+        color = _COLORS[d.value] if d is not None else ("lightgray" if n.backward else "white")
+        label = f"#{i} {n.name}\\n{n.op or 'value'}\\n{format_bytes(n.size)}"
+        if d is not None:
+            label += f"\\n{d.value}"
+        lines.append(f"  n{i} [label={json.dumps(label)}, fillcolor={color}];")
+    for i, n in enumerate(problem.nodes):
+        for dep in n.deps:
+            lines.append(f"  n{dep} -> n{i};")
+    if plan is not None:
+        for s in plan.schedule:
+            lines.append(f"  n{s.node} -> n{s.before} [style=dashed, color=orange];")
+    lines.append("}")
+    return "\n".join(lines).replace("\\\\n", "\\n") + "\n"
+
+
+# ---- explain ------------------------------------------------------------------------
+
+
+def _shapes(problem: Problem) -> dict[str, str]:
+    from rematc.trace import SHAPES_KEY
+
+    raw = problem.meta.get(SHAPES_KEY)
+    if raw is None:
+        return {}
+    try:
+        shapes = json.loads(raw)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in shapes.items()} if isinstance(shapes, dict) else {}
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from solvers.explain import explain
+
+    source = load_source(args)
+    b = with_budget(source.problem, args)
+    problem = b.problem
+    shapes = _shapes(problem)
+    unit = _time_unit(problem)
+    try:
+        solved = run_solver(problem, args.solver, b.config, progress=False)
+    except InfeasibleBudgetError as e:
+        return _explain_infeasible(problem, b, e, shapes, json_out=args.json)
+    result = solved.result
+    if result.plan is None or result.report is None:
+        _error(f"{args.solver} found no plan within {format_bytes(problem.budget or 0)}")
+        return EXIT_NO_PLAN
+    report = check(problem, result.plan)
+    rows = explain(problem, result.plan, report, unconstrained_peak=b.unconstrained)
+    if args.limit:
+        rows = rows[: args.limit]
+    if args.json:
+        print(json.dumps({"budget": problem.budget, "peak": report.peak, "peak_step": report.peak_step,
+                          "added_time": report.added_time, "time_unit": unit,
+                          "values": [{**dataclasses.asdict(r), "decision": r.decision.value,
+                                      "shape": shapes.get(r.name, "-")} for r in rows]}))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rematc explain {problem.name}: peak {format_bytes(report.peak)} at step "
+                        f"{report.peak_step}, budget {format_bytes(problem.budget or 0)}, "
+                        f"+{_fmt_time(report.added_time, unit)}")
+    for col, justify in (("#", "right"), ("value", "left"), ("decision", "left"), ("op", "left"),
+                         ("dtype[shape]", "left"), ("bytes", "right"), ("recompute", "right"),
+                         ("why", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        table.add_row(str(r.index), r.name, r.decision.value, r.op or "-", shapes.get(r.name, "-"),
+                      format_bytes(r.size), _fmt_time(r.time, unit), r.why)
+    Console(width=max(160, Console().width)).print(table)
+    return EXIT_OK
+
+
+def _explain_infeasible(problem: Problem, b: Budgeted, e: InfeasibleBudgetError,
+                        shapes: dict[str, str], *, json_out: bool) -> int:
+    from solvers.cpsat import min_feasible_peak
+    from solvers.explain import culprits
+
+    low = min_feasible_peak(problem, b.config)
+    rows = culprits(problem, low.plan, low.report) if low.plan and low.report else []
+    if json_out:
+        print(json.dumps({"budget": problem.budget, "feasible": False, "min_feasible": e.min_feasible,
+                          "culprits": [{**dataclasses.asdict(c), "shape": shapes.get(c.name, "-")}
+                                       for c in rows]}))
+        return EXIT_NO_PLAN
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(140, Console().width))
+    smallest = "unknown" if e.min_feasible is None else f"{format_bytes(e.min_feasible)} ({e.min_feasible} B)"
+    console.print(f"budget {format_bytes(problem.budget or 0)} cannot be met; the smallest feasible "
+                  f"budget is {smallest}.")
+    if low.report is not None:
+        table = Table(title=f"what is live at the peak (step {low.report.peak_step}) of the smallest-peak plan")
+        for col in ("#", "value", "op", "dtype[shape]", "bytes", "why it cannot be freed"):
+            table.add_column(col)
+        for c in rows:
+            table.add_row(str(c.index), c.name, c.op or "-", shapes.get(c.name, "-"), format_bytes(c.size), c.why)
+        console.print(table)
+    return EXIT_NO_PLAN
+
+
+# ---- plot ---------------------------------------------------------------------------
+
+
+def _plot(args: argparse.Namespace) -> int:
+    try:
+        from solvers.plots import pareto_figure, pareto_sweep, save_png, timeline_figure
+    except ImportError as e:
+        raise UsageError(f"plot needs matplotlib ({e}); pip install matplotlib") from None
+    source = load_source(args)
+    b = with_budget(source.problem, args)
+    problem = b.problem
+    solved = run_solver(problem, args.solver, b.config, progress=False)
+    if solved.result.plan is None:
+        _error(f"{args.solver} found no plan within {format_bytes(problem.budget or 0)}")
+        return EXIT_NO_PLAN
+    before = check(problem, save_all(problem.with_budget(None)).plan)  # type: ignore[arg-type]
+    after = check(problem, solved.result.plan)
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = _safe(problem.name or "problem")
+    timeline = os.path.join(args.out_dir, f"{stem}-timeline.png")
+    save_png(timeline_figure(problem, before, after, budget=problem.budget), timeline)
+    sweep = SolverConfig(time_limit=args.sweep_time_limit, workers=args.workers, seed=args.seed)
+    points = pareto_sweep(problem, points=args.points, config=sweep)
+    pareto = os.path.join(args.out_dir, f"{stem}-pareto.png")
+    save_png(pareto_figure(problem, points, time_unit=_time_unit(problem), budget=problem.budget), pareto)
+    print(f"wrote {timeline}\nwrote {pareto}")
+    return EXIT_OK
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "problem"
 
 
 if __name__ == "__main__":  # pragma: no cover

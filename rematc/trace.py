@@ -1,0 +1,243 @@
+"""Offline tracing: a model and example inputs -> the joint training graph -> a problem.
+
+Used by ``rematc export`` and by the other subcommands when their input is a model.
+The graph is captured exactly as the backend captures it: Dynamo, AOTAutograd (with
+Inductor's decompositions and joint-graph passes for ``target="inductor"``, as
+``bench/scale.py`` does, or plain AOTAutograd for ``target="eager"``), then rematc's own
+stages ``prepare -> annotate -> capture``. Tracing stops right after capture: no code is
+generated and nothing runs on real data.
+
+Two model sources:
+
+* a factory ``"package.module:function"``: a callable with no arguments returning
+  ``(model, example_inputs)``;
+* a ``.pt2`` file written by ``torch.export.save``. Its ``.module()`` is traced on the
+  example inputs stored in the file (or zeros of the recorded shapes when the file has
+  none). The loss convention: if the program returns one scalar tensor, that is the loss;
+  otherwise the first tensor output is reduced with ``.sum()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+from torch.utils._pytree import tree_leaves, tree_map
+
+from rematc.annotate import annotate
+from rematc.capture import Captured, capture
+from rematc.devices import profile_for
+from rematc.emit import Emitted, emit
+from rematc.partition import prepare
+from solvers import Plan, Problem
+
+SHAPES_KEY = "shapes"  # Problem.meta key: JSON {value name: "float32[4, 64]"}
+TARGETS = ("inductor", "eager")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+class TraceError(ValueError):
+    """A model source that cannot be loaded or traced; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Traced:
+    """The captured joint graph and its problem; :meth:`emit` gives the graphs of a plan."""
+
+    problem: Problem
+    joint: fx.GraphModule
+    captured: Captured
+    num_fwd_outputs: int
+    static_inputs: tuple[int, ...]
+
+    def emit(self, plan: Plan) -> Emitted:
+        return emit(self.joint, self.captured, plan, num_fwd_outputs=self.num_fwd_outputs,
+                    static_lifetime_input_indices=list(self.static_inputs))
+
+
+class _Stop(Exception):
+    """Raised by the capturing partitioner: everything needed is captured."""
+
+
+class _Capture(CustomPartitionerFn):
+    def __init__(self, device: str, target: str, name: str) -> None:
+        self.device, self.target, self.name = device, target, name
+        self.traced: Traced | None = None
+
+    def uuid(self) -> str:
+        return f"rematc-trace-{self.device}-{self.target}"
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> Any:
+        num_fwd_outputs: int = kwargs["num_fwd_outputs"]
+        static = tuple(kwargs.get("static_lifetime_input_indices") or ())
+        joint = prepare(gm)
+        device = profile_for(self.device)
+        costs = annotate(joint, device, fuses=self.target == "inductor")
+        captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
+                           static_lifetime_input_indices=static,
+                           host_bandwidth=device.host_bandwidth, name=self.name)
+        self.traced = Traced(captured.problem, joint, captured, num_fwd_outputs, static)
+        raise _Stop
+
+
+def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
+          target: str = "inductor", dtype: str | None = None, name: str = "model") -> Traced:
+    """Capture one training step of ``model(*inputs)`` (which must return the loss)."""
+    if target not in TARGETS:
+        raise TraceError(f"target must be one of {TARGETS}, got {target!r}")
+    profile_for(device)  # a ValueError naming the known profiles
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise TraceError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        model, inputs = _cast(model, inputs, DTYPES[dtype])
+    spy = _Capture(device, target, name)
+    torch._dynamo.reset()
+    try:
+        with _backend(spy, target) as backend:
+            torch.compile(model, backend=backend, fullgraph=False)(*inputs)
+    except Exception as e:
+        if spy.traced is None:
+            raise TraceError(f"tracing {name} failed: {type(e).__name__}: {_first_line(e)}") from e
+    finally:
+        torch._dynamo.reset()
+    if spy.traced is None:
+        raise TraceError(f"tracing {name} captured no training graph: does it return a loss "
+                         "that requires grad?")
+    t = spy.traced
+    shapes = {t.problem.nodes[i].name: _describe(group[0]) for i, group in enumerate(t.captured.groups)}
+    meta = {"source": name, "device": device, "target": target, "dtype": dtype or "as given",
+            SHAPES_KEY: json.dumps(shapes, separators=(",", ":"))}
+    problem = Problem(nodes=t.problem.nodes, host_bandwidth=t.problem.host_bandwidth, name=name,
+                      meta=meta)
+    captured = Captured(problem, t.captured.groups, t.captured.value_of, t.captured.forward)
+    return Traced(problem, t.joint, captured, t.num_fwd_outputs, t.static_inputs)
+
+
+@contextlib.contextmanager
+def _backend(spy: _Capture, target: str) -> Iterator[Any]:
+    nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+    if target == "eager":
+        yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=spy,
+                           keep_inference_input_mutations=True)
+        return
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import partition_fn as inductor_partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    with inductor_config.patch(custom_partitioner_fn=spy):
+        yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=inductor_partition_fn,
+                           decompositions=select_decomp_table())
+
+
+# ---- model sources ------------------------------------------------------------------
+
+
+def is_factory(spec: str) -> bool:
+    """``package.module:function`` (and not an existing file)."""
+    mod, sep, fn = spec.partition(":")
+    return bool(sep) and not os.path.exists(spec) and all(
+        part.isidentifier() for part in (*mod.split("."), fn)
+    )
+
+
+def load_factory(spec: str) -> tuple[nn.Module, tuple[Any, ...]]:
+    """Call ``package.module:function`` (found on ``sys.path`` and the working directory)."""
+    mod_name, _, fn_name = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as e:
+        raise TraceError(f"cannot import {mod_name!r}: {type(e).__name__}: {_first_line(e)}") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise TraceError(f"{spec}: {mod_name} has no function {fn_name!r}")
+    try:
+        made = fn()
+    except Exception as e:
+        raise TraceError(f"{spec}() failed: {type(e).__name__}: {_first_line(e)}") from e
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
+        raise TraceError(f"{spec}() must return (model, example_inputs), got {type(made).__name__}")
+    inputs = made[1]
+    return made[0], tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+class _Loss(nn.Module):
+    """The exported module, reduced to a scalar loss (see the module docstring)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = [t for t in tree_leaves(self.inner(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+        if not out:
+            raise TraceError("the exported program returns no tensor to use as a loss")
+        return out[0] if out[0].dim() == 0 and len(out) == 1 else out[0].sum()
+
+
+def load_pt2(path: str) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The module of a ``torch.export.save`` file, as a loss, with its example inputs."""
+    try:
+        program = torch.export.load(path)
+    except OSError:
+        raise
+    except Exception as e:
+        raise TraceError(f"{path}: not a torch.export program: {type(e).__name__}: {_first_line(e)}") from e
+    stored = getattr(program, "example_inputs", None)
+    if stored is not None:
+        args, kwargs = stored
+        if kwargs:
+            raise TraceError(f"{path}: keyword example inputs are not supported")
+        inputs = tuple(args)
+    else:
+        inputs = tuple(_zeros_like_placeholder(n) for n in program.graph.find_nodes(op="placeholder")
+                       if n.name in set(program.graph_signature.user_inputs))
+    module = program.module()
+    for p in module.parameters():
+        if p.dtype.is_floating_point:
+            p.requires_grad_(True)
+    return _Loss(module), inputs
+
+
+def _zeros_like_placeholder(node: fx.Node) -> torch.Tensor:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise TraceError(f"input {node.name} has no recorded shape; save the program with example inputs")
+    return torch.zeros([int(s) for s in val.shape], dtype=val.dtype)
+
+
+def _cast(model: nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[nn.Module, tuple[Any, ...]]:
+    model = model.to(dtype)
+    cast = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                    tuple(inputs))
+    return model, tuple(cast)
+
+
+def _describe(node: fx.Node) -> str:
+    """``float32[4, 64]`` for a tensor value, ``"-"`` otherwise."""
+    val = node.meta.get("val")
+    ts = [t for t in tree_leaves(val) if isinstance(t, torch.Tensor)]
+    if not ts:
+        return "-"
+    t = ts[0]
+    dims = ", ".join(str(s) for s in t.shape)
+    return f"{str(t.dtype).removeprefix('torch.')}[{dims}]"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

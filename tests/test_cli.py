@@ -1,0 +1,441 @@
+"""The ``rematc`` command line, end to end and in process (``main(argv)`` with capsys):
+each subcommand on a small exported model and on a public benchmark graph, the plots'
+content, dumps, Ctrl-C, and every kind of bad input (one line, exit status 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from rematc.cli import build_parser, main
+from solvers import Decision, Node, Problem, check, load_plan, load_problem, save_all, save_problem
+from solvers.importers import load_node_link
+from solvers.io import problem_to_json
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+GRAPHS = Path(__file__).parents[1].parent / "shared" / "bench-data" / "checkmate-graphs"
+FCN8 = GRAPHS / "fcn_8_vgg_32_416x608_train_nx.json"
+RANDOM_LAYERED = GRAPHS / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FAST = ["--time-limit", "20", "--workers", "1"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc: int, err: str) -> None:
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rematc: error: "), err
+
+
+@pytest.fixture(scope="module")
+def fcn8() -> Path:
+    if not FCN8.exists():
+        pytest.skip(f"public benchmark graphs not present ({GRAPHS.name} next to the repository)")
+    return FCN8
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A .pt2 of the test MLP and the problem ``rematc export`` writes from it."""
+    from tests.cli_factory import mlp
+
+    folder = tmp_path_factory.mktemp("model")
+    model, inputs = mlp()
+    pt2 = folder / "mlp.pt2"
+    torch.export.save(torch.export.export(model, inputs), pt2)
+    exported = folder / "mlp.json"
+    assert main(["export", str(pt2), "-o", str(exported)]) == 0
+    return pt2, exported
+
+
+# ---- help ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["export", "solve", "explain", "plot", "demo"])
+def test_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"rematc {command}" in out and "example" in out
+
+
+def test_parser_lists_every_command() -> None:
+    help_text = build_parser().format_help()
+    for command in ("export", "solve", "explain", "plot", "demo"):
+        assert command in help_text
+
+
+# ---- a public benchmark graph -------------------------------------------------------
+
+
+def test_solve_public_graph(fcn8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_plan = tmp_path / "plan.json"
+    rc, out, _ = run(capsys, "solve", fcn8, "--budget", "80%", "--out", out_plan, "--json", *FAST)
+    assert rc == 0
+    summary = json.loads(out)
+    problem = load_node_link(fcn8)
+    assert summary["status"] == "optimal" and summary["peak_before"] == save_all(problem).report.peak
+    assert summary["peak_after"] <= summary["budget"] < summary["peak_before"]
+    report = check(problem.with_budget(summary["budget"]), load_plan(out_plan))
+    assert report.fits and report.peak == summary["peak_after"]
+    assert 0 < summary["added_time_fraction"] < 0.01  # FCN-8 at 80%: about 0.1% (Moccasin: 0.1%)
+    rc, out, _ = run(capsys, "solve", fcn8, "--budget", "80%", *FAST)
+    assert rc == 0
+    for row in ("status", "peak before", "peak after", "budget", "added time", "added FLOPs",
+                "offloaded", "solve time", "gap"):
+        assert row in out
+
+
+def test_explain_public_graph(fcn8: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "explain", fcn8, "--budget", "80%", "--json", *FAST)
+    assert rc == 0
+    doc = json.loads(out)
+    sizes = [v["size"] for v in doc["values"]]
+    assert sizes == sorted(sizes, reverse=True) and len(sizes) == len(load_node_link(fcn8).candidates)
+    assert {v["decision"] for v in doc["values"]} == {"save", "recompute"}
+    assert all(v["why"] and v["shape"] == "-" for v in doc["values"])
+
+
+def test_explain_infeasible_gives_smallest_budget_and_culprits(fcn8: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "explain", fcn8, "--budget", "10%", "--json", *FAST)
+    assert rc == 1
+    doc = json.loads(out)
+    assert doc["feasible"] is False and doc["min_feasible"] > doc["budget"]
+    assert sum(c["size"] for c in doc["culprits"]) == doc["min_feasible"]
+    rc, out, _ = run(capsys, "explain", fcn8, "--budget", "10%", *FAST)
+    assert rc == 1 and "smallest feasible budget" in out and "why it cannot be freed" in out
+
+
+def test_plot_public_graph(fcn8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "plot", fcn8, "--budget", "80%", "--out-dir", tmp_path, "--points", "4",
+                     "--sweep-time-limit", "5", *FAST)
+    assert rc == 0 and out.count("wrote") == 2
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert [p.name.rsplit("-", 1)[1] for p in pngs] == ["pareto.png", "timeline.png"]
+    for png in pngs:
+        assert_png(png)
+
+
+def assert_png(path: Path) -> None:
+    image = pytest.importorskip("PIL.Image")
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
+    with image.open(path) as im:
+        im.verify()
+    with image.open(path) as im:
+        assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
+        colors = im.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colors is not None and len(colors) > 10  # not a blank canvas
+
+
+def test_figures_show_the_budget(fcn8: Path) -> None:
+    from solvers import SolverConfig, solve
+    from solvers.plots import MIB, pareto_figure, pareto_sweep, timeline_figure
+
+    problem = load_node_link(fcn8)
+    before = save_all(problem).report
+    budget = int(0.8 * before.peak)
+    result = solve(problem.with_budget(budget), SolverConfig(time_limit=20, workers=1))
+    fig = timeline_figure(problem, before, result.report, budget=budget)
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert "budget" in lines and set(lines["budget"].get_ydata()) == {budget / MIB}
+    plan_line = next(line for label, line in lines.items() if label.startswith("plan"))
+    assert max(plan_line.get_ydata()) <= budget / MIB < max(lines[next(iter(lines))].get_ydata())
+    assert "budget" in [t.get_text() for t in ax.get_legend().get_texts()]
+    points = pareto_sweep(problem.with_budget(budget), points=3, config=SolverConfig(time_limit=5, workers=1))
+    assert len(points) == 3 and points[-1].added_time == 0
+    times = [p.added_time for p in points]
+    assert times == sorted(times, reverse=True)  # a larger budget never costs more
+    fig = pareto_figure(problem, points, budget=budget)
+    assert "budget" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_dump_dir_public_graph(fcn8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, _ = run(capsys, "solve", fcn8, "--budget", "80%", "--dump-dir", tmp_path / "d", "--json", *FAST)
+    assert rc == 0
+    names = {p.name for p in (tmp_path / "d").iterdir()}
+    assert names == {"model.pb.txt", "plan.json", "problem.json", "before.dot", "after.dot"}
+    assert "variables" in (tmp_path / "d" / "model.pb.txt").read_text()
+    assert load_problem(tmp_path / "d" / "problem.json").budget is not None
+    assert "recompute" in (tmp_path / "d" / "after.dot").read_text()
+
+
+# ---- an exported model --------------------------------------------------------------
+
+
+def test_export_pt2(model_files: tuple[Path, Path]) -> None:
+    _, exported = model_files
+    problem = load_problem(exported)
+    assert problem.meta["device"] == "cpu" and "float32[" in problem.meta["shapes"]
+    assert problem.candidates and problem.nodes[-1].backward
+
+
+def test_export_factory_with_device_and_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "f.json"
+    rc, text, _ = run(capsys, "export", "tests.cli_factory:mlp", "-o", out, "--device", "h100",
+                      "--dtype", "bfloat16", "--target", "eager")
+    assert rc == 0 and "wrote" in text
+    problem = load_problem(out)
+    assert problem.meta["dtype"] == "bfloat16" and "bfloat16[" in problem.meta["shapes"]
+    assert problem.host_bandwidth == 50e9  # the H100 profile's host link
+
+
+def test_same_plan_from_pt2_and_exported_json(model_files: tuple[Path, Path], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pt2, exported = model_files
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert run(capsys, "solve", pt2, "--budget", "80%", "--out", a, "--json", *FAST)[0] == 0
+    assert run(capsys, "solve", exported, "--budget", "80%", "--out", b, "--json", *FAST)[0] == 0
+    plan = load_plan(a)
+    assert plan == load_plan(b)
+    assert Decision.RECOMPUTE in plan.decisions.values()
+
+
+def test_explain_model_shows_shapes(model_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    pt2, exported = model_files
+    for source in (pt2, exported):
+        rc, out, _ = run(capsys, "explain", source, "--budget", "80%", "--json", *FAST)
+        assert rc == 0
+        values = json.loads(out)["values"]
+        assert all(v["shape"] != "-" for v in values)
+        assert all(v["shape"].startswith("float32[") for v in values if v["size"] >= 1024)
+        assert any(v["decision"] == "recompute" for v in values)
+    rc, out, _ = run(capsys, "explain", pt2, "--budget", "80%", *FAST)
+    assert rc == 0 and "float32[64, 64]" in out and "recompute" in out
+
+
+def test_plot_and_dump_model(model_files: tuple[Path, Path], tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    pt2, _ = model_files
+    rc, _, _ = run(capsys, "plot", pt2, "--budget", "80%", "--out-dir", tmp_path, "--points", "3", *FAST)
+    assert rc == 0
+    for png in ("mlp-timeline.png", "mlp-pareto.png"):
+        assert_png(tmp_path / png)
+    rc, _, _ = run(capsys, "solve", pt2, "--budget", "80%", "--dump-dir", tmp_path / "d", "--json", *FAST)
+    assert rc == 0
+    d = tmp_path / "d"
+    assert {"model.pb.txt", "plan.json", "problem.json", "joint.py", "forward.py", "backward.py"} <= {
+        p.name for p in d.iterdir()}
+    assert "def forward" in (d / "backward.py").read_text()
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------
+
+
+def hard_problem(n: int = 200, seed: int = 0) -> Problem:
+    """A random forward DAG and its mirrored backward: CP-SAT needs seconds at 30%."""
+    import random
+
+    rng = random.Random(seed)
+    nodes = [Node(name="x", resident=True, size=8)]
+    for i in range(1, n + 1):
+        deps = {i - 1, *(rng.randrange(max(0, i - 8), i) for _ in range(rng.randint(0, 2)))}
+        nodes.append(Node(name=f"f{i}", deps=tuple(sorted(deps)), size=rng.randint(1, 50) * 1024,
+                          time=rng.uniform(1, 10)))
+    for k, i in enumerate(range(n, 0, -1)):
+        bdeps = {i, *(d for d in nodes[i].deps if d > 0)} | ({len(nodes) - 1} if k else set())
+        nodes.append(Node(name=f"g{i}", deps=tuple(sorted(bdeps)), backward=True,
+                          size=rng.randint(1, 50) * 1024, time=rng.uniform(1, 10), keep=k == n - 1))
+    return Problem(nodes=tuple(nodes), name="hard")
+
+
+def test_ctrl_c_reports_best_plan_and_gap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "hard.json"
+    save_problem(hard_problem(), path)
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        rc, out, err = run(capsys, "solve", path, "--budget", "30%", "--time-limit", "60",
+                           "--workers", "1", "--json", "--out", tmp_path / "plan.json")
+    finally:
+        timer.cancel()
+    assert rc == 130
+    summary = json.loads(out)
+    assert summary["interrupted"] is True and summary["plan"] is not None and summary["gap"] is not None
+    assert summary["solve_time_s"] < 30
+    assert "best plan so far, gap" in err and "Traceback" not in err
+    assert check(load_problem(path).with_budget(summary["budget"]), load_plan(tmp_path / "plan.json")).fits
+
+
+def test_stop_event_ends_search_with_a_plan() -> None:
+    from solvers import SolverConfig
+    from solvers.progress import solve_watched
+
+    problem = hard_problem()
+    budget = int(0.3 * save_all(problem).report.peak)
+    stop = threading.Event()
+    seen = []
+
+    def on_progress(state: object) -> None:
+        seen.append(state)
+        if getattr(state, "solutions", 0) >= 1:
+            stop.set()
+
+    watched = solve_watched(problem.with_budget(budget), SolverConfig(time_limit=60, workers=1),
+                            on_progress=on_progress, stop=stop)
+    assert watched.interrupted and watched.result.plan is not None
+    assert watched.result.report.fits and watched.result.wall_time < 30
+    assert seen and seen[-1].objective is not None and seen[-1].gap is not None
+
+
+# ---- bad input ----------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, name: str, content: object) -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def _problem_doc(**node_changes: object) -> dict[str, object]:
+    doc = problem_to_json(hard_problem(3))
+    doc["nodes"][1].update(node_changes)  # type: ignore[index]
+    return doc
+
+
+def _node_link(links: list[dict[str, object]], nodes: int = 3) -> dict[str, object]:
+    return {"directed": True, "multigraph": False, "graph": {},
+            "nodes": [{"id": i, "name": f"n{i}", "backward": i == nodes - 1, "cost_cpu": 1,
+                       "cost_ram": 8} for i in range(nodes)],
+            "links": links}
+
+
+BAD_FILES: dict[str, object] = {
+    "not JSON": "{nodes: [",
+    "wrong JSON": [1, 2, 3],
+    "neither format": {"hello": "world"},
+    "problem with negative size": _problem_doc(size=-8),
+    "problem with unknown node reference": _problem_doc(deps=[7]),
+    "problem with a cycle": _problem_doc(deps=[2]),
+    "problem with unknown key": _problem_doc(sise=8),
+    "graph with a cycle": _node_link([{"source": 0, "target": 1}, {"source": 1, "target": 0},
+                                      {"source": 1, "target": 2}]),
+    "graph with unknown node reference": _node_link([{"source": 0, "target": 9}]),
+    "graph with negative size": {**_node_link([]), "nodes": [{"id": 0, "name": "a", "backward": False,
+                                                              "cost_cpu": 1, "cost_ram": -1}]},
+}
+
+
+@pytest.mark.parametrize("command", ["solve", "explain"])
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_file(case: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, "bad.json", BAD_FILES[case])
+    rc, _, err = run(capsys, command, path, "--budget", "1MiB")
+    assert_one_line_error(rc, err)
+    assert "bad.json" in err
+
+
+def test_bad_messages_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    expected = {"graph with a cycle": "cycle", "graph with unknown node reference": "not the id",
+                "problem with negative size": "size", "problem with unknown node reference": "does not exist",
+                "not JSON": "not JSON", "graph with negative size": "cost_ram"}
+    for case, words in expected.items():
+        path = _write(tmp_path, "bad.json", BAD_FILES[case])
+        _, _, err = run(capsys, "solve", path, "--budget", "1MiB")
+        assert words in err, (case, err)
+
+
+def test_random_layered_graphs_are_not_supported_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    if not RANDOM_LAYERED.exists():
+        pytest.skip("public benchmark graphs not present")
+    rc, _, err = run(capsys, "solve", RANDOM_LAYERED, "--budget", "90%")
+    assert_one_line_error(rc, err)
+    assert "not supported yet" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["solve", "{missing}", "--budget", "1MiB"], "No such file"),
+        (["solve", "{dir}", "--budget", "1MiB"], "directory"),
+        (["solve", "{good}", "--budget", "lots"], "not understood"),
+        (["solve", "{good}", "--budget", "150%"], "(0, 1]"),
+        (["solve", "{good}", "--budget", "12 parsecs"], "unknown unit"),
+        (["solve", "{good}"], "no budget"),
+        (["solve", "{good}", "--budget", "1MiB", "--solver", "magic"], "invalid choice"),
+        (["solve", "{good}", "--budget", "1MiB", "--time-limit", "-1"], "non-negative"),
+        (["explain", "{good}", "--budget", "1MiB", "--workers", "two"], "non-negative"),
+        (["plot", "{good}", "--budget", "1MiB", "--device", "tpu"], "invalid choice"),
+        (["export", "{good}", "-o", "{out}"], "reads a model"),
+        (["export", "no_such_module_xyz:make", "-o", "{out}"], "cannot import"),
+        (["export", "tests.cli_factory:nothing", "-o", "{out}"], "no function"),
+        (["export", "{missing_pt2}", "-o", "{out}"], "No such file"),
+        (["export", "{junk_pt2}", "-o", "{out}"], "not a torch.export program"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_bad_arguments(argv: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.json"
+    save_problem(hard_problem(3), good)
+    junk = tmp_path / "junk.pt2"
+    junk.write_bytes(b"\x00garbage" * 10)
+    paths = {"missing": tmp_path / "missing.json", "dir": tmp_path, "good": good, "out": tmp_path / "o.json",
+             "missing_pt2": tmp_path / "missing.pt2", "junk_pt2": junk}
+    rc, _, err = run(capsys, *[a.format(**paths) for a in argv])
+    assert_one_line_error(rc, err)
+    assert words in err, err
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=200))
+def test_fuzz_random_bytes(data: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "fuzz.json"
+    path.write_bytes(data)
+    rc, _, err = run(capsys, "solve", path, "--budget", "1MiB", "--json")
+    assert_one_line_error(rc, err)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+NODE = st.fixed_dictionaries({}, optional={
+    "name": st.text(max_size=3) | st.integers(), "deps": st.lists(st.integers(-2, 5), max_size=3) | JSON,
+    "size": st.integers(-5, 100) | JSON, "time": st.floats() | JSON, "backward": st.booleans() | JSON,
+    "resident": st.booleans(), "keep": st.booleans(), "id": st.integers(0, 5) | JSON,
+    "cost_ram": st.integers(-5, 100) | JSON, "cost_cpu": st.integers(-1, 10) | JSON,
+})
+DOCS = (
+    JSON
+    | st.fixed_dictionaries({"format": st.just("rematc.problem"), "version": st.just(1) | JSON,
+                             "nodes": st.lists(NODE, max_size=5) | JSON},
+                            optional={"budget": JSON, "meta": JSON})
+    | st.fixed_dictionaries({"nodes": st.lists(NODE, max_size=5) | JSON,
+                             "links": st.lists(st.fixed_dictionaries(
+                                 {}, optional={"source": st.integers(-1, 5) | JSON,
+                                               "target": st.integers(-1, 5) | JSON}), max_size=6) | JSON})
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=DOCS)
+def test_fuzz_random_json(doc: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "fuzz.json"
+    path.write_text(json.dumps(doc))
+    rc, out, err = run(capsys, "solve", path, "--budget", "1MiB", "--json", "--time-limit", "5", "--workers", "1")
+    assert "Traceback" not in err
+    if rc == 2:
+        assert_one_line_error(rc, err)
+    else:  # a well-formed problem after all: solved, or no plan fits
+        assert rc in (0, 1), err
+        if rc == 0:
+            assert json.loads(out)["status"] in ("optimal", "feasible")
