@@ -281,13 +281,13 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     """
     t0 = time.perf_counter()
     model = build(problem)
-    solver = _solver(config)
+    solver = make_solver(config)
     start = greedy(problem)
     if start.plan is not None:
         hint(model, start.plan)
     code = solver.solve(model.cp)
     wall = time.perf_counter() - t0
-    stats = _stats(model, solver, code)
+    stats = solve_stats(model, solver, code)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         peak = min_feasible_peak(problem, config)
@@ -297,7 +297,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
         if code == cp_model.MODEL_INVALID:
             raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=_seconds(model, solver.best_objective_bound),
+                           bound=objective_seconds(model, solver.best_objective_bound),
                            wall_time=wall, solver="cpsat", stats=stats)
     plan = extract_plan(model, solver)
     report = check(problem, plan)
@@ -306,7 +306,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
     return SolveResult(
         status=status, plan=plan, report=report, objective=report.added_time,
-        bound=min(report.added_time, _seconds(model, solver.best_objective_bound)),
+        bound=min(report.added_time, objective_seconds(model, solver.best_objective_bound)),
         wall_time=wall, solver="cpsat", stats=stats,
     )
 
@@ -316,7 +316,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     smallest feasible budget when the status is OPTIMAL."""
     t0 = time.perf_counter()
     model = build(problem.with_budget(None), minimize_peak=True)
-    solver = _solver(config)
+    solver = make_solver(config)
     code = solver.solve(model.cp)
     wall = time.perf_counter() - t0
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -327,7 +327,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     return SolveResult(
         status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
         plan=plan, report=report, objective=report.added_time, bound=0.0, wall_time=wall,
-        solver="cpsat-min-peak", stats=_stats(model, solver, code),
+        solver="cpsat-min-peak", stats=solve_stats(model, solver, code),
     )
 
 
@@ -358,19 +358,23 @@ def hint(model: Model, plan: Plan) -> None:
             model.cp.add_hint(model.L[v], max(consumers))
 
 
-def _seconds(model: Model, objective_bound: float) -> float:
+def objective_seconds(model: Model, objective_bound: float) -> float:
     """An objective bound in seconds (drop the tie-break term, which is < one unit)."""
     units = objective_bound // model.tie_break
     return float(units) * model.problem.scale.seconds_per_unit
 
 
-def _solver(config: SolverConfig) -> cp_model.CpSolver:
+def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     s = cp_model.CpSolver()
     s.parameters.max_time_in_seconds = config.time_limit
     s.parameters.num_workers = config.workers or min(8, os.cpu_count() or 1)
     s.parameters.random_seed = config.seed
     s.parameters.relative_gap_limit = config.relative_gap
     s.parameters.log_search_progress = config.log
+    # CP-SAT otherwise installs its own SIGINT handler for the rest of the process: a
+    # later Ctrl-C in the user's training loop would end the process without a
+    # KeyboardInterrupt. Interrupting a search is the caller's business (solvers.progress).
+    s.parameters.catch_sigint_signal = False
     return s
 
 
@@ -395,7 +399,7 @@ def _timed(m: Model, name: str, family: Callable[[Model], None]) -> None:
     log.debug("%s: %d constraints in %.3f s", name, m.sizes[name], time.perf_counter() - t0)
 
 
-def _stats(
+def solve_stats(
     model: Model, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus
 ) -> dict[str, float | int | str]:
     return {

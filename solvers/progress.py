@@ -73,8 +73,8 @@ class _Watcher(cp_model.CpSolverSolutionCallback):
         self.solutions = 0
 
     def on_solution_callback(self) -> None:
-        objective = _seconds(self._model, self.objective_value)
-        bound = _seconds(self._model, self.best_objective_bound)
+        objective = cpsat.objective_seconds(self._model, self.objective_value)
+        bound = cpsat.objective_seconds(self._model, self.best_objective_bound)
         with self._lock:
             self.objective, self.bound = objective, min(bound, objective)
             self.solutions += 1
@@ -102,8 +102,7 @@ def solve_watched(
     start = greedy(problem, config)
     if start.plan is not None:
         cpsat.hint(model, start.plan)
-    solver = cpsat._solver(config)
-    solver.parameters.catch_sigint_signal = False
+    solver = cpsat.make_solver(config)
     watcher = _Watcher(model, t0)
     codes: list[cp_model.CpSolverStatus] = []
     errors: list[BaseException] = []
@@ -142,7 +141,7 @@ def solve_watched(
         raise errors[0]
     code = codes[0]
     wall = time.perf_counter() - t0
-    stats = cpsat._stats(model, solver, code)
+    stats = cpsat.solve_stats(model, solver, code)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         peak = cpsat.min_feasible_peak(problem, config)
@@ -152,7 +151,7 @@ def solve_watched(
         raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         result = SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                             bound=_seconds(model, solver.best_objective_bound), wall_time=wall,
+                             bound=cpsat.objective_seconds(model, solver.best_objective_bound), wall_time=wall,
                              solver="cpsat", stats=stats)
         return Watched(result, interrupted, model)
     plan = cpsat.extract_plan(model, solver)
@@ -162,7 +161,7 @@ def solve_watched(
     status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
     result = SolveResult(
         status=status, plan=plan, report=report, objective=report.added_time,
-        bound=min(report.added_time, _seconds(model, solver.best_objective_bound)),
+        bound=min(report.added_time, cpsat.objective_seconds(model, solver.best_objective_bound)),
         wall_time=wall, solver="cpsat", stats=stats,
     )
     return Watched(result, interrupted, model)
@@ -180,8 +179,3 @@ def restore_sigint() -> None:
     handler = signal.getsignal(signal.SIGINT)
     if handler is not None:
         signal.signal(signal.SIGINT, handler)
-
-
-def _seconds(model: cpsat.Model, value: float) -> float:
-    """An objective value or bound in seconds (without the tie-break term)."""
-    return cpsat._seconds(model, value)

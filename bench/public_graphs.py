@@ -1,0 +1,76 @@
+"""rematc's exact solver on the public rematerialization graphs, beside published results.
+
+For each Checkmate framework graph (``../shared/bench-data/checkmate-graphs/*_train_nx.json``)
+at budgets of 90% and 80% of the plain order's peak (``ceil(f * peak)``), prints the cost
+increase (added cost / total cost of all nodes), the memory reached (% of the plain peak),
+the solve time and the proven gap, next to the Checkmate / Moccasin / FastSA numbers
+republished in that folder's README. Skips cleanly when the data folder is absent.
+
+Our model recomputes forward values in the backward (what a training graph needs);
+Checkmate and Moccasin may also recompute within the forward and FastSA also reorders
+operators, so a lower published cost can come from a larger search space.
+
+    python bench/public_graphs.py [--all] [--time-limit 60] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from solvers import InfeasibleBudgetError, SolverConfig, save_all, solve
+from solvers.importers import load_node_link
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "bench-data" / "checkmate-graphs"
+
+# (graph file stem, budget) -> (Checkmate, Moccasin, FastSA) as "CI% / mem% / s", from the
+# data folder's README (Moccasin's table as reproduced in FastSA's Table 1).
+PUBLISHED: dict[tuple[str, int], tuple[str, str, str]] = {
+    ("fcn_8_vgg_32_416x608_train_nx", 90): ("0.0 / 88.4 / 6.3", "0.0 / 88.4 / 3.1", "0.1 / 75.3 / 9.4"),
+    ("fcn_8_vgg_32_416x608_train_nx", 80): ("0.1 / 76.9 / 5.6", "0.1 / 78.9 / 3.1", "0.1 / 75.1 / 9.7"),
+    ("ResNet50_256_224x224_train_nx", 90): ("0.1 / 89.0 / 434.1", "0.2 / 89.9 / 65.2", "0.2 / 86.2 / 10.9"),
+    ("ResNet50_256_224x224_train_nx", 80): ("0.3 / 79.7 / 485.3", "0.3 / 80.0 / 69.3", "0.4 / 76.6 / 10.9"),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--all", action="store_true", help="every *_train_nx graph, not only the published ones")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        print(f"skipped: benchmark graphs not found ({DATA.name} folder absent)")
+        return 0
+    files = sorted(DATA.glob("*_train_nx.json"))
+    if not args.all:
+        files = [f for f in files if any(f.stem == k[0] for k in PUBLISHED)]
+    config = SolverConfig(time_limit=args.time_limit, workers=args.workers)
+    header = (f"{'graph':<32} {'budget':>6} {'rematc CI% / mem% / s':>24} {'status':>9} {'gap':>6}"
+              f"   {'Checkmate':>18} {'Moccasin':>18} {'FastSA':>18}")
+    print(header)
+    for path in files:
+        problem = load_node_link(path)
+        base = save_all(problem).report
+        assert base is not None
+        total = sum(n.time for n in problem.nodes)
+        for frac in (90, 80):
+            budget = math.ceil(frac / 100 * base.peak)
+            try:
+                r = solve(problem.with_budget(budget), config)
+                assert r.report is not None
+                ours = (f"{100 * r.objective / total:.2f} / {100 * r.report.peak / base.peak:.1f} / "
+                        f"{r.wall_time:.1f}")
+                status, gap = r.status.value, f"{r.gap:.1%}"
+            except InfeasibleBudgetError as e:
+                ours, status, gap = f"infeasible (min {e.min_feasible})", "infeas.", "-"
+            pub = PUBLISHED.get((path.stem, frac), ("-", "-", "-"))
+            print(f"{path.stem[:32]:<32} {frac:>5}% {ours:>24} {status:>9} {gap:>6}   "
+                  f"{pub[0]:>18} {pub[1]:>18} {pub[2]:>18}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
