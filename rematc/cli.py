@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("demo", "train a small GPT at several budgets, predicted vs measured",
                 "example:\n  rematc demo --compiler eager")
     p.add_argument("--compiler", choices=("inductor", "eager"), default="inductor")
-    p.add_argument("--budgets", nargs="+", default=["100%", "75%", "55%"])
+    p.add_argument("--budgets", nargs="+", default=["none", "75%", "55%"],
+                   help="budgets to run; 'none' for no limit")
     p.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
 
     p = command("export", "write the problem file of a model's training step",
@@ -158,9 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from rematc.demo import demo
 
-            for b in args.budgets:
-                parse_budget(b)
-            demo(args.budgets, compiler=args.compiler, steps=args.steps)
+            budgets = [None if b.lower() == "none" else b for b in args.budgets]
+            for b in budgets:
+                if b is not None:
+                    parse_budget(b)
+            demo(budgets, compiler=args.compiler, steps=args.steps)
             return EXIT_OK
         run = {"export": _export, "solve": _solve, "explain": _explain, "plot": _plot}[args.command]
         return run(args)

@@ -75,7 +75,7 @@ def run_config(label: str, make_compiled: Callable[[torch.nn.Module], Any], *, s
     )
 
 
-def demo(budgets: Sequence[str | float] = ("100%", "75%", "55%"), *, compiler: str = "inductor",
+def demo(budgets: Sequence[str | float | None] = (None, "75%", "55%"), *, compiler: str = "inductor",
          steps: int = 5, config: GPTConfig = DEMO_CONFIG, batch: int = DEMO_BATCH,
          print_fn: Callable[[Any], None] | None = None) -> list[Row]:
     """Run the demo and print a table; returns the rows."""
@@ -92,13 +92,13 @@ def demo(budgets: Sequence[str | float] = ("100%", "75%", "55%"), *, compiler: s
     def default_compile(m: torch.nn.Module) -> Any:
         return torch.compile(m, backend=baseline)
 
-    def rematc_compile(budget: str | float) -> Callable[[torch.nn.Module], Any]:
+    def rematc_compile(budget: str | float | None) -> Callable[[torch.nn.Module], Any]:
         return lambda m: rematc.compile(m, budget=budget, compiler=compiler)
 
     rows = [run_config(f"torch.compile ({baseline})", default_compile, steps=steps,
                        config=config, batch=batch)]
     for b in budgets:
-        rows.append(run_config(f"rematc {b}", rematc_compile(b), steps=steps, config=config,
+        rows.append(run_config(f"rematc {b or 'no budget'}", rematc_compile(b), steps=steps, config=config,
                                batch=batch))
     base = rows[0].step_time
     table = Table(title=f"rematc demo ({compiler} codegen; memory above the pre-step live set)")

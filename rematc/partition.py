@@ -56,7 +56,7 @@ from solvers import (
     save_all,
     solve,
 )
-from solvers.baselines import greedy
+from solvers.baselines import free_recompute, greedy
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,9 @@ class Planned(NamedTuple):
 def plan_for(problem: Problem, options: Options) -> Planned:
     """The plan for ``problem``, from the first of:
 
-    1. saving everything, when it fits (it adds no time): no search, nothing cached;
+    1. with no budget under Inductor, recomputing the free values (fused pointwise ops)
+       when that lowers the peak; else saving everything, when it fits (it adds no
+       time): no search, nothing cached;
     2. the plan cache (``options.cache_dir``), when it holds a plan the checker accepts;
     3. CP-SAT; its plan is cached. On a time-out it returns the best plan found (its gap
        is recorded). With no plan at all, the greedy plan if the checker accepts it,
@@ -271,6 +273,10 @@ def plan_for(problem: Problem, options: Options) -> Planned:
        :class:`SolverError` (stage "solve", the original as ``__cause__``);
        :class:`InfeasibleBudgetError` comes out as it is: it is an answer.
     """
+    if problem.budget is None and options.compiler == "inductor":
+        # No limit: the lowest peak at (almost) no time. Under Inductor a recomputed
+        # pointwise op fuses into its consumer, so recomputing those is nearly free.
+        return Planned(free_recompute(problem, options.solver), cached=False)
     unconstrained = save_all(problem)
     if unconstrained.plan is not None:
         return Planned(unconstrained, cached=False)

@@ -153,7 +153,9 @@ def test_second_run_does_not_solve_and_corrupt_entry_is_rebuilt(
     entry.write_text(entry.read_text()[:40])  # a torn or corrupt file
     torch._dynamo.reset()
     third = _compile_and_step(tmp_path, budget)
-    assert not third.cached and third.plan == first.plan
+    # Solved again: an optimal plan of the same cost (CP-SAT with several workers may
+    # pick another plan among equals).
+    assert not third.cached and third.added_time == pytest.approx(first.added_time)
     assert json.loads(entry.read_text())["status"] in (Status.OPTIMAL.value, Status.FEASIBLE.value)
     torch._dynamo.reset()
     assert _compile_and_step(tmp_path, budget).cached
