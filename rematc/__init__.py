@@ -8,7 +8,13 @@ from rematc.backend import Backend, compile, rematc_backend
 from rematc.devices import PROFILES, DeviceProfile
 from rematc.errors import NoPlanError, RematcError, SolverError
 from rematc.options import Options
-from rematc.partition import GraphBreakWarning, PartitionRecord, SolverFallbackWarning, records
+from rematc.partition import (
+    GraphBreakWarning,
+    PartitionRecord,
+    SolverFallbackWarning,
+    clear_records,
+    records,
+)
 from solvers import InfeasibleBudgetError
 from solvers.budget import Budget, parse_budget
 
@@ -25,6 +31,7 @@ __all__ = [
     "RematcError",
     "SolverError",
     "SolverFallbackWarning",
+    "clear_records",
     "compile",
     "parse_budget",
     "records",

@@ -102,6 +102,11 @@ def records() -> list[PartitionRecord]:
     return list(_RECORDS)
 
 
+def clear_records() -> None:
+    """Forget the partition records kept so far."""
+    _RECORDS.clear()
+
+
 @dataclass
 class BudgetShare:
     """One absolute budget shared by the graphs of one compiled step (graph breaks).

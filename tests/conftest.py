@@ -19,9 +19,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+import rematc
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
+    # The record list keeps the last 64: tests count new records, so start each empty.
+    rematc.clear_records()
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
