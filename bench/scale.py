@@ -55,7 +55,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=120.0)
     args = parser.parse_args()
     print(f"{'layers':>6} {'joint nodes':>11} {'values':>7} {'decisions':>9} {'status':>9} "
-          f"{'gap':>6} {'solve s':>8} {'partition s':>11} {'trace s':>8} {'peak/unconstr.':>14}")
+          f"{'gap':>6} {'solve s':>8} {'partition s':>11} {'trace s':>8} {'peak/unconstr.':>14} "
+          f"{'added ms':>9} {'added FLOP %':>12}")
     for layers in args.layers:
         t0 = time.perf_counter()
         r = partition_only(layers, args.budget, d_model=args.d_model, seq_len=args.seq_len,
@@ -63,7 +64,9 @@ def main() -> None:
         total = time.perf_counter() - t0
         print(f"{layers:>6} {r.joint_nodes:>11} {r.values:>7} {r.candidates:>9} {r.status:>9} "
               f"{r.gap:>6.2%} {r.solve_time:>8.2f} {r.partition_time:>11.2f} {total:>8.1f} "
-              f"{r.predicted_peak / r.unconstrained_peak:>14.2f}", flush=True)
+              f"{r.predicted_peak / r.unconstrained_peak:>14.2f} {r.added_time * 1e3:>9.3f} "
+              f"{100 * r.added_flops / max(1.0, sum(n.flops for n in r.problem.nodes)):>12.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":

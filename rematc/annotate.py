@@ -47,6 +47,7 @@ class NodeCost:
     dtype: str  # dtype of the (first) tensor output, "" when there is none
     device: str
     is_random: bool  # draws random numbers: never recomputed with fresh randomness
+    is_seeded: bool  # random, but replayed exactly from its seed input (Inductor's RNG prims)
     is_view: bool  # output aliases an input's storage
     is_cheap: bool  # no FLOPs to speak of: pointwise, view, reduction, copy
     is_pointwise: bool  # tagged pointwise: Inductor fuses it into its consumer
@@ -77,10 +78,20 @@ def is_random(node: fx.Node) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         if torch.Tag.nondeterministic_seeded in target.tags:
             return True
-        return target.namespace == "prims" and target.name().startswith(
-            ("prims::inductor_random", "prims::inductor_randint", "prims::inductor_seeds")
-        )
+        return is_seeded(node) or target.name().startswith("prims::inductor_seed")
     return False
+
+
+def is_seeded(node: fx.Node) -> bool:
+    """Inductor's ``inductor_random`` / ``inductor_randint``: random numbers that are a pure
+    function of their seed input and of each element's position (Inductor lowers them to
+    a counter-based generator, ``ops.rand(seed, index)``). Recomputed from the same seed
+    they draw the same numbers, so unlike ``inductor_seeds`` (which draws the seeds from
+    the global generator) they may be recomputed: the seed is saved, not the mask."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.name() in (
+        "prims::inductor_random", "prims::inductor_randint"
+    )
 
 
 def tensors(val: Any) -> list[torch.Tensor]:
@@ -129,6 +140,7 @@ def _cost(
         dtype=str(outs[0].dtype).removeprefix("torch.") if outs else "",
         device=str(outs[0].device) if outs else "",
         is_random=is_random(node),
+        is_seeded=is_seeded(node),
         is_view=is_view,
         is_cheap=flops == 0,
         is_pointwise=pointwise,

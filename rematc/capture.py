@@ -151,11 +151,12 @@ def _has_storage(cost: NodeCost) -> bool:
 
 
 def _recomputable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
-    """Placeholders, random ops (until RNG replay exists, a recompute would draw a new
-    mask: pytorch#190717) and values PyTorch forces to be saved (collectives, effectful
-    ops, backward mutation sources: ``meta['recompute'] == MUST_SAVE``) are save-only."""
+    """Save-only: placeholders; random ops, since a recompute would draw a new mask
+    (pytorch#190717), except Inductor's seeded prims, which replay exactly from their
+    saved seed; and values PyTorch forces to be saved (collectives, effectful ops,
+    backward mutation sources: ``meta['recompute'] == MUST_SAVE``) or that mutate."""
     for n in group:
-        if n.op == "placeholder" or costs[n].is_random:
+        if n.op == "placeholder" or (costs[n].is_random and not costs[n].is_seeded):
             return False
         if n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE:
             return False
