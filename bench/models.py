@@ -308,7 +308,8 @@ class HFCausalLM(nn.Module):
         self.blocks = layers
 
     def forward(self, idx: Tensor, targets: Tensor) -> Tensor:
-        return self.inner(input_ids=idx, labels=targets).loss  # type: ignore[no-any-return]
+        loss: Tensor = self.inner(input_ids=idx, labels=targets).loss
+        return loss
 
 
 def make_hf(kind: str, *, batch: int, seed: int, small: bool = False) -> Example:
@@ -331,7 +332,7 @@ def make_hf(kind: str, *, batch: int, seed: int, small: bool = False) -> Example
     else:
         raise ValueError(f"make_hf: kind must be 'gpt2' or 'llama', got {kind!r}")
     cfg._attn_implementation = "sdpa"
-    inner = _seeded(lambda: cls(cfg), seed)
+    inner: Any = _seeded(lambda: cls(cfg), seed)
     inner.train()
     blocks = inner.transformer.h if kind == "gpt2" else inner.model.layers
     g = _generator(seed)

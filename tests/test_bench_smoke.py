@@ -1,0 +1,123 @@
+"""The benchmark harness (``bench/``) end to end on the smallest model, so it cannot rot.
+
+The full benchmark is not part of the tests. Here: ``python -m bench.run`` on the tiny GPT
+with two configurations (eager, and rematc at 90% with eager codegen, so no Inductor
+compile) writes the CSV, the Markdown table, the Pareto plot and ``machine.json``; plus
+fast in-process checks of the pieces the run does not reach (the toy-size models under
+checkpointing, the knapsack baseline hook, the Pareto front).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import configs, models, run
+from solvers import check, save_all
+from solvers.problem import chain_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_harness_writes_tables_plot_and_machine(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bench.run", "--models", "gpt_tiny", "--configs", "eager",
+           "rematc_90%", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2",
+           "--warmup", "1", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    with open(tmp_path / "gpt_tiny.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == run.COLUMNS
+        rows = {r["config"]: r for r in reader}
+    assert list(rows) == ["eager", "rematc_90%"]
+    for r in rows.values():
+        assert r["ok"] == "True", r["error"]
+        assert int(r["peak_bytes"]) > 0 and float(r["step_s"]) > 0
+    eager, planned = rows["eager"], rows["rematc_90%"]
+    assert (eager["family"], planned["family"]) == ("eager", "rematc")
+    # Recomputation changes neither the loss nor the gradients.
+    assert float(planned["loss"]) == pytest.approx(float(eager["loss"]), rel=1e-5)
+    assert float(planned["grad_norm"]) == pytest.approx(float(eager["grad_norm"]), rel=1e-4)
+    # rematc's own figures are filled in, and its plan keeps its predicted peak in budget.
+    assert planned["solver"] and planned["status"]
+    assert int(planned["predicted_peak_bytes"]) <= int(planned["budget_bytes"])
+    assert int(planned["budget_bytes"]) == int(0.9 * int(planned["unconstrained_peak_bytes"]))
+    assert eager["predicted_peak_bytes"] == ""
+
+    table = (tmp_path / "gpt_tiny.md").read_text()
+    assert "| eager |" in table and "| rematc_90% |" in table
+    assert (tmp_path / "gpt_tiny-pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    machine = json.loads((tmp_path / "machine.json").read_text())
+    assert machine["versions"]["torch"] == torch.__version__
+    assert machine["cores"] and machine["date"]
+    assert str(tmp_path) not in json.dumps(machine)  # no machine's paths recorded
+
+
+@pytest.mark.parametrize("config", ["eager", "eager_ckpt_every", "sac_matmul_eager"])
+@pytest.mark.parametrize("name", ["gpt2_math", "llama", "resnet", "unet"])
+def test_small_models_train_under_checkpointing(name: str, config: str) -> None:
+    """Every benchmark model (toy sizes) returns a loss, has ``blocks``, and gives the same
+    loss and gradients with its blocks checkpointed (plain or selective) as without."""
+    model, inputs = models.make(name, small=True)
+    reference = model(*inputs)
+    reference.backward()
+    ref_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    if config == "sac_matmul_eager":  # the sac_matmul policy, without the compile
+        from functools import partial
+
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        configs.wrap_blocks(model, every=1,
+                            context_fn=partial(create_selective_checkpoint_contexts, configs.save_matmuls))
+        fn = model
+    else:
+        fn = configs.build(config, model).fn
+    loss = fn(*inputs)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert len(grads) == len(ref_grads) > 0
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_knapsack_hook_fits_the_budget_where_the_plain_knapsack_overshoots() -> None:
+    problem = chain_problem([4, 8, 8, 8, 8, 8, 4], [1, 5, 1, 5, 1, 5, 1])
+    top = save_all(problem).report
+    assert top is not None
+    solvers = {}
+    for budget in (0, 32, 40, 48, top.peak):  # 40: the plain knapsack's plan peaks at 48
+        result = configs.knapsack_within_budget(problem.with_budget(budget))
+        solvers[budget] = result.solver if result.plan is not None else None
+        if result.plan is not None:
+            assert check(problem.with_budget(budget), result.plan).fits
+    assert solvers == {0: None, 32: None, 40: "knapsack_tuned", 48: "knapsack", top.peak: "knapsack"}
+
+
+def test_config_names() -> None:
+    assert configs.family("amb_0.5") == "pytorch budget"
+    assert configs.family("rematc_knapsack_60%") == "rematc knapsack"
+    assert configs.family("rematc_700MiB") == "rematc"
+    assert configs.rematc_budget("0.6") == 0.6 and configs.rematc_budget("none") is None
+    assert configs.rematc_budget("1.5GiB") == "1.5GiB"
+    with pytest.raises(ValueError, match="unknown configuration"):
+        configs.family("checkpoint_all")
+    with pytest.raises(ValueError, match="rematc_lots"):
+        configs.rematc_budget("lots")
+
+
+def test_pareto_front() -> None:
+    assert run.pareto_front([]) == []
+    assert run.pareto_front([(1.0, 5.0), (2.0, 6.0), (3.0, 2.0), (0.5, 9.0)]) == [
+        (0.5, 9.0), (1.0, 5.0), (3.0, 2.0)]
