@@ -280,13 +280,26 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     status UNKNOWN and no plan.
     """
     t0 = time.perf_counter()
+    model, solver = prepare(problem, config)
+    code = solver.solve(model.cp)
+    return finish(problem, config, model, solver, code, started=t0)
+
+
+def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
+    """The model, hinted with the greedy plan when it fits, and a configured solver."""
     model = build(problem)
-    solver = make_solver(config)
     start = greedy(problem)
     if start.plan is not None:
         hint(model, start.plan)
-    code = solver.solve(model.cp)
-    wall = time.perf_counter() - t0
+    return model, make_solver(config)
+
+
+def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_model.CpSolver,
+           code: cp_model.CpSolverStatus, *, started: float) -> SolveResult:
+    """The result of a finished (or stopped) search: the checker's verdict on its plan,
+    :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
+    infeasible, status UNKNOWN when no plan was found."""
+    wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None

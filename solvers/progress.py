@@ -29,10 +29,8 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from solvers import cpsat
-from solvers.baselines import greedy
-from solvers.checker import check
 from solvers.problem import Problem
-from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+from solvers.result import SolverConfig, SolveResult
 
 
 @dataclass(frozen=True)
@@ -98,11 +96,7 @@ def solve_watched(
     """
     restore_sigint()
     t0 = time.perf_counter()
-    model = cpsat.build(problem)
-    start = greedy(problem, config)
-    if start.plan is not None:
-        cpsat.hint(model, start.plan)
-    solver = cpsat.make_solver(config)
+    model, solver = cpsat.prepare(problem, config)
     watcher = _Watcher(model, t0)
     codes: list[cp_model.CpSolverStatus] = []
     errors: list[BaseException] = []
@@ -139,31 +133,7 @@ def solve_watched(
     worker.join()
     if errors:
         raise errors[0]
-    code = codes[0]
-    wall = time.perf_counter() - t0
-    stats = cpsat.solve_stats(model, solver, code)
-    if code == cp_model.INFEASIBLE:
-        assert problem.budget is not None
-        peak = cpsat.min_feasible_peak(problem, config)
-        raise InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
-                                    proven=peak.status is Status.OPTIMAL)
-    if code == cp_model.MODEL_INVALID:
-        raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        result = SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                             bound=cpsat.objective_seconds(model, solver.best_objective_bound), wall_time=wall,
-                             solver="cpsat", stats=stats)
-        return Watched(result, interrupted, model)
-    plan = cpsat.extract_plan(model, solver)
-    report = check(problem, plan)
-    if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
-        raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
-    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
-    result = SolveResult(
-        status=status, plan=plan, report=report, objective=report.added_time,
-        bound=min(report.added_time, cpsat.objective_seconds(model, solver.best_objective_bound)),
-        wall_time=wall, solver="cpsat", stats=stats,
-    )
+    result = cpsat.finish(problem, config, model, solver, codes[0], started=t0)
     return Watched(result, interrupted, model)
 
 
