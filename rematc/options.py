@@ -7,13 +7,14 @@ import difflib
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rematc.devices import PROFILES, DeviceProfile
 from solvers import SolverConfig
 from solvers.budget import Budget, parse_budget
 
+DEFAULT_SOLVER = SolverConfig(time_limit=60.0, step_gap=0.01)
 COMPILERS = ("inductor", "eager")
 # ``cache_dir`` values: "auto" is $REMATC_CACHE_DIR when set, else ~/.cache/rematc;
 # None or "off" turns the plan cache off (see rematc.plancache).
@@ -30,9 +31,9 @@ class Options:
     # Device profile for the runtime model: a name in rematc.devices.PROFILES or a
     # DeviceProfile; None guesses from the example inputs' device.
     device: str | DeviceProfile | None = None
-    # CP-SAT limits; 60 s is far above what test-sized graphs need, and a time-out still
-    # returns the best plan found.
-    solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit=60.0))
+    # CP-SAT limits: 60 s, and stop once the plan is provably within 1% of the step's
+    # time of the best; a time-out still returns the best plan found.
+    solver: SolverConfig = DEFAULT_SOLVER
     # Check the emitted graphs against the plan (use-after-def, exact recompute set).
     verify: bool = True
     # Directory of the on-disk plan cache (rematc.plancache): a path, "auto"
@@ -66,7 +67,8 @@ class Options:
         """From ``torch.compile(..., options={...})`` or keyword arguments.
 
         Keys: budget, compiler, device, verify, cache_dir, and the solver's time_limit
-        (seconds), workers, seed and gap (relative optimality gap to stop at).
+        (seconds), workers, seed, gap (relative optimality gap to stop at) and step_gap
+        (stop once provably within this fraction of the step's time of the best plan).
         """
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(
@@ -78,7 +80,7 @@ class Options:
         if bad_keys:
             raise ValueError(f"rematc option names must be strings, got {bad_keys!r}")
         solver_keys = {"time_limit": "time_limit", "workers": "workers", "seed": "seed",
-                       "gap": "relative_gap"}
+                       "gap": "relative_gap", "step_gap": "step_gap"}
         own = {f.name for f in dataclasses.fields(Options)} - {"solver"}
         unknown = set(options) - own - set(solver_keys)
         if unknown:
@@ -92,7 +94,7 @@ class Options:
                 solver_args[attr] = _number(key, options.pop(key), integer=key in ("workers", "seed"))
         if "budget" in options and options["budget"] is not None:
             options["budget"] = parse_budget(options["budget"])
-        return Options(solver=SolverConfig(**{"time_limit": 60.0, **solver_args}), **options)
+        return Options(solver=dataclasses.replace(DEFAULT_SOLVER, **solver_args), **options)
 
     def cache_key(self) -> str:
         """Everything that changes the plan, for Inductor's FX-graph / AOT caches (where
@@ -106,6 +108,7 @@ _LIMITS: dict[str, tuple[float, str]] = {  # key: (largest value, note)
     "workers": (math.inf, " (0 = one per core)"),
     "seed": (math.inf, ""),
     "gap": (1.0, " (a relative gap, at most 1: 0.05 stops within 5% of the bound)"),
+    "step_gap": (1.0, " (a fraction of the step's time, at most 1: 0.01 stops within 1% of it)"),
 }
 
 

@@ -286,12 +286,17 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
 
 
 def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
-    """The model, hinted with the greedy plan when it fits, and a configured solver."""
+    """The model, hinted with the greedy plan when it fits, and a configured solver
+    (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units)."""
     model = build(problem)
     start = greedy(problem)
     if start.plan is not None:
         hint(model, start.plan)
-    return model, make_solver(config)
+    solver = make_solver(config)
+    if config.step_gap > 0:
+        step = problem.scale.time(sum(n.time for n in problem.nodes))
+        solver.parameters.absolute_gap_limit = config.step_gap * step * model.tie_break
+    return model, solver
 
 
 def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_model.CpSolver,
@@ -316,9 +321,14 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
     report = check(problem, plan)
     if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
         raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
-    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
+    # CP-SAT also answers OPTIMAL when it stopped at a gap limit: optimal means the bound
+    # met the objective (to within the tie-break, under one time unit).
+    proven = code == cp_model.OPTIMAL and (
+        solver.objective_value - solver.best_objective_bound < model.tie_break
+    )
     return SolveResult(
-        status=status, plan=plan, report=report, objective=report.added_time,
+        status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
+        objective=report.added_time,
         bound=min(report.added_time, objective_seconds(model, solver.best_objective_bound)),
         wall_time=wall, solver="cpsat", stats=stats,
     )

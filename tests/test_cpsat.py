@@ -425,3 +425,24 @@ def test_save_all_peak_bounds_every_solved_peak(p: Problem, data: st.DataObject)
     assert result.plan is not None
     assert check(p, result.plan).peak <= high
     assert solve(p.with_budget(high), CFG).objective == 0.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_problems(), st.data())
+def test_step_gap_stops_within_that_share_of_the_step(p: Problem, data: st.DataObject) -> None:
+    """A plan returned under ``step_gap`` is at most that share of the step's time above
+    the optimum; OPTIMAL is reported only when the bound meets the objective."""
+    full = save_all(p).report
+    assert full is not None
+    q = p.with_budget(data.draw(st.integers(0, full.peak)))
+    step_gap = data.draw(st.sampled_from([0.05, 0.3, 1.0]))
+    try:
+        exact = solve(q, SolverConfig(workers=1))
+    except InfeasibleBudgetError:
+        return
+    loose = solve(q, SolverConfig(workers=1, step_gap=step_gap))
+    step = sum(n.time for n in q.nodes)
+    assert loose.report is not None and loose.report.fits
+    assert loose.objective <= exact.objective + step_gap * step + 1e-6 * max(1.0, step)
+    if loose.status is Status.OPTIMAL:
+        assert loose.objective == pytest.approx(exact.objective, rel=1e-6, abs=1e-9)
