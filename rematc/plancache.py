@@ -5,7 +5,7 @@ One JSON file per key under the cache directory. The key is the SHA-256 of
 * the problem, canonically serialized (``solvers.problem_to_json``, sorted keys): every
   value's name, op, dependencies, size and time, and the budget in bytes; so a new
   shape, another budget or another device profile is another key;
-* the solver configuration (time limit, workers, seed, gap);
+* the solver configuration (time limit, workers, seed, gaps);
 * the versions of rematc, OR-Tools and torch, a hash of the solver sources, and
   :data:`FORMAT` (bumped when the entry layout changes).
 
@@ -21,6 +21,7 @@ never a mix.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -67,8 +68,8 @@ def key(problem: Problem, config: SolverConfig) -> str:
     material = {
         "format": FORMAT,
         "problem": problem_to_json(problem),
-        "solver": {"time_limit": config.time_limit, "workers": config.workers,
-                   "seed": config.seed, "relative_gap": config.relative_gap},
+        # Every setting that can change the plan; the search log cannot.
+        "solver": {k: v for k, v in dataclasses.asdict(config).items() if k != "log"},
         "versions": _versions(),
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"), allow_nan=True)
