@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from rematc import plancache
 from rematc.annotate import NodeCost, annotate
-from rematc.capture import capture
+from rematc.capture import Captured, capture
 from rematc.devices import DeviceProfile, profile_for
 from rematc.emit import emit, verify
 from rematc.errors import NoPlanError, SolverError
@@ -184,17 +184,9 @@ class RematPartitioner(CustomPartitionerFn):
         t0 = time.perf_counter()
         num_fwd_outputs: int = kwargs["num_fwd_outputs"]
         static = list(kwargs.get("static_lifetime_input_indices") or [])
-        joint = prepare(gm)
-        device = device_of(joint, self.options)
-        shape_env = shape_env_of(joint)
-        # Costs are estimates at the size hints: reading a symbolic size must not guard
-        # the graph to this one shape (bound_dynamic_sizes says which shapes it serves).
-        with shape_env.suppress_guards() if shape_env is not None else nullcontext():
-            costs = annotate(joint, device, fuses=self.options.compiler == "inductor")
-        warn_fallback_costs(costs, joint)
-        captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
-                           static_lifetime_input_indices=static,
-                           host_bandwidth=device.host_bandwidth)
+        device = device_of(gm, self.options)
+        joint, captured = capture_stage(gm, device, fuses=self.options.compiler == "inductor",
+                                        num_fwd_outputs=num_fwd_outputs, static=static)
         unconstrained = save_all(captured.problem).report
         assert unconstrained is not None
         graph = self.share.graph()
@@ -245,6 +237,25 @@ class RematPartitioner(CustomPartitionerFn):
                  unconstrained.peak, report.added_time, record.status, record.solver,
                  " (cached)" if planned.cached else "", record.solve_time)
         return emitted.forward, emitted.backward
+
+
+def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
+                  num_fwd_outputs: int, static: Sequence[int],
+                  name: str = "joint") -> tuple[fx.GraphModule, Captured]:
+    """prepare -> annotate -> capture: the joint graph as planned, and its problem.
+
+    ``fuses``: the emitted graphs go to Inductor (recomputed pointwise ops fuse)."""
+    joint = prepare(gm)
+    shape_env = shape_env_of(joint)
+    # Costs are estimates at the size hints: reading a symbolic size must not guard the
+    # graph to this one shape (bound_dynamic_sizes says which shapes a plan serves).
+    with shape_env.suppress_guards() if shape_env is not None else nullcontext():
+        costs = annotate(joint, device, fuses=fuses)
+    warn_fallback_costs(costs, joint)
+    captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
+                       static_lifetime_input_indices=static,
+                       host_bandwidth=device.host_bandwidth, name=name)
+    return joint, captured
 
 
 def prepare(gm: fx.GraphModule) -> fx.GraphModule:

@@ -36,11 +36,10 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from rematc.annotate import annotate
-from rematc.capture import Captured, capture
+from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
-from rematc.partition import prepare
+from rematc.partition import capture_stage
 from solvers import Plan, Problem
 
 SHAPES_KEY = "shapes"  # Problem.meta key: JSON {value name: "float32[4, 64]"}
@@ -83,12 +82,10 @@ class _Capture(CustomPartitionerFn):
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> Any:
         num_fwd_outputs: int = kwargs["num_fwd_outputs"]
         static = tuple(kwargs.get("static_lifetime_input_indices") or ())
-        joint = prepare(gm)
-        device = profile_for(self.device)
-        costs = annotate(joint, device, fuses=self.target == "inductor")
-        captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
-                           static_lifetime_input_indices=static,
-                           host_bandwidth=device.host_bandwidth, name=self.name)
+        joint, captured = capture_stage(gm, profile_for(self.device),
+                                        fuses=self.target == "inductor",
+                                        num_fwd_outputs=num_fwd_outputs, static=static,
+                                        name=self.name)
         self.traced = Traced(captured.problem, joint, captured, num_fwd_outputs, static)
         raise _Stop
 
