@@ -8,37 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from solvers import Decision, Node, Plan, PlanError, Problem, Step, check, plan_from_decisions
-from solvers.problem import chain_problem, node
+from solvers import Decision, Plan, PlanError, Problem, Step, check, plan_from_decisions
+from solvers.problem import node
+from tests.graphs import P, chain, diamond
 
 S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 
 
-def P(*nodes: Node, budget: int | None = None, host_bandwidth: float = 0.0) -> Problem:
-    return Problem(nodes=nodes, budget=budget, host_bandwidth=host_bandwidth, name="t")
 
 
-def chain(host_bandwidth: float = 0.0) -> Problem:
-    """#0 input (resident) -> #1 f0 (2 B, 1 s) -> #2 f1 (3 B, 2 s) -> #3 f2 (5 B, 4 s);
-    backward #4 g2(f2) 5 B, #5 g1(f1, g2) 3 B, #6 g0(f0, g1) 2 B, kept."""
-    p = chain_problem([2, 3, 5], [1.0, 2.0, 4.0])
-    return Problem(nodes=p.nodes, host_bandwidth=host_bandwidth, name="chain")
 
 
-def diamond() -> Problem:
-    """A residual-like diamond with a resident weight and a forward output kept to the end."""
-    return P(
-        node("w", size=100, resident=True),  # 0: costs nothing
-        node("x", 0, size=4, time=1.0),  # 1
-        node("a", 1, size=2, time=1.0),  # 2
-        node("b", 1, size=6, time=3.0),  # 3
-        node("loss", 2, 3, size=1, keep=True),  # 4: lives to the end
-        node("gl", 4, size=1, backward=True),  # 5
-        node("ga", 2, 5, size=2, backward=True),  # 6
-        node("gb", 3, 5, size=6, backward=True),  # 7
-        node("gx", 1, 6, 7, size=4, backward=True, keep=True),  # 8
-        node("gw", 0, 8, size=3, backward=True, keep=True),  # 9
-    )
 
 
 def deep() -> Problem:

@@ -31,14 +31,13 @@ from solvers import (
     solve,
 )
 from solvers.problem import chain_problem, node
+from tests.graphs import P, chain, diamond
 
 S, R = Decision.SAVE, Decision.RECOMPUTE
 CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
 REL = 1e-6  # objectives agree to this relative tolerance (times are scaled to integers)
 
 
-def P(*nodes: Node, budget: int | None = None) -> Problem:
-    return Problem(nodes=nodes, budget=budget, name="t")
 
 
 # ---- brute force ----------------------------------------------------------------------
@@ -99,24 +98,8 @@ def assert_matches_brute_force(problem: Problem, budget: int, outcomes: list[Out
 # ---- hand-built graphs ------------------------------------------------------------------
 
 
-def chain() -> Problem:
-    """#0 input -> f0 (2 B, 1 s) -> f1 (3 B, 2 s) -> f2 (5 B, 4 s); mirrored backward."""
-    return chain_problem([2, 3, 5], [1.0, 2.0, 4.0])
 
 
-def diamond() -> Problem:
-    return P(
-        node("w", size=100, resident=True),  # 0
-        node("x", 0, size=4, time=1.0),  # 1
-        node("a", 1, size=2, time=1.0),  # 2
-        node("b", 1, size=6, time=3.0),  # 3
-        node("loss", 2, 3, size=1, keep=True),  # 4
-        node("gl", 4, size=1, backward=True),  # 5
-        node("ga", 2, 5, size=2, backward=True),  # 6
-        node("gb", 3, 5, size=6, backward=True),  # 7
-        node("gx", 1, 6, 7, size=4, backward=True, keep=True),  # 8
-        node("gw", 0, 8, size=3, backward=True, keep=True),  # 9
-    )
 
 
 def deep2() -> Problem:
