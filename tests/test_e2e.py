@@ -103,3 +103,14 @@ def test_unknown_option_names_the_accepted_ones() -> None:
     model, _ = MODELS["mlp"]()
     with pytest.raises(ValueError, match=r"unknown rematc option.*budgt.*accepted: budget"):
         rematc.compile(model, budgt="1GiB")
+
+
+@pytest.mark.inductor
+def test_inductor_route_without_budget_recomputes_only_free_values(same_random_as_eager: None) -> None:
+    """No budget under Inductor: fused pointwise recomputations when they lower the peak,
+    never below the memory of saving everything, gradients as eager."""
+    reference, result, record = eager_and_compiled("gpt", budget=None, compiler="inductor")
+    assert_same_step(reference, result, rtol=INDUCTOR_RTOL, atol=INDUCTOR_ATOL)
+    assert record.solver == "free_recompute" and record.budget is None
+    assert record.predicted_peak <= record.unconstrained_peak
+    assert record.added_flops == 0
