@@ -31,3 +31,16 @@ def diamond() -> Problem:
         node("gx", 1, 6, 7, size=4, backward=True, keep=True),  # 8
         node("gw", 0, 8, size=3, backward=True, keep=True),  # 9
     )
+
+def deep() -> Problem:
+    """#2 u is read only by #3 w: it needs a decision only when w is recomputed."""
+    return P(
+        node("x", size=1, resident=True),  # 0
+        node("a", 0, size=1, time=1.0),  # 1
+        node("u", 1, size=4, time=2.0),  # 2
+        node("w", 2, size=4, time=3.0),  # 3
+        node("big", 3, size=8, time=5.0),  # 4
+        node("gbig", 4, size=1, backward=True),  # 5
+        node("gw", 3, 5, size=1, backward=True),  # 6
+        node("ga", 1, 6, size=1, backward=True, keep=True),  # 7
+    )

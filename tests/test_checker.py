@@ -10,7 +10,7 @@ import pytest
 
 from solvers import Decision, Plan, PlanError, Problem, Step, check, plan_from_decisions
 from solvers.problem import node
-from tests.graphs import P, chain, diamond
+from tests.graphs import P, chain, deep, diamond
 
 S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 
@@ -21,18 +21,6 @@ S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 
 
 
-def deep() -> Problem:
-    """#2 u is read only by #3 w: it needs a decision only when w is recomputed."""
-    return P(
-        node("x", size=1, resident=True),  # 0
-        node("a", 0, size=1, time=1.0),  # 1
-        node("u", 1, size=4, time=2.0),  # 2
-        node("w", 2, size=4, time=3.0),  # 3
-        node("big", 3, size=8, time=5.0),  # 4
-        node("gbig", 4, size=1, backward=True),  # 5
-        node("gw", 3, 5, size=1, backward=True),  # 6
-        node("ga", 1, 6, size=1, backward=True, keep=True),  # 7
-    )
 
 
 def run(problem: Problem, decisions: dict[int, Decision]):

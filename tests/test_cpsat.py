@@ -31,7 +31,7 @@ from solvers import (
     solve,
 )
 from solvers.problem import chain_problem, node
-from tests.graphs import P, chain, diamond
+from tests.graphs import P, chain, deep, diamond
 
 S, R = Decision.SAVE, Decision.RECOMPUTE
 CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
@@ -129,16 +129,7 @@ def deep3() -> Problem:
     Recompute a (1 s): a is gone from steps 3-6: peak 13.
     Recompute a, u, w (6 s): peak 12 (w + big at step 4, as in deep2).
     """
-    return P(
-        node("x", size=1, resident=True),  # 0
-        node("a", 0, size=1, time=1.0),  # 1
-        node("u", 1, size=4, time=2.0),  # 2
-        node("w", 2, size=4, time=3.0),  # 3
-        node("big", 3, size=8, time=5.0),  # 4
-        node("gbig", 4, size=1, backward=True),  # 5
-        node("gw", 3, 5, size=1, backward=True),  # 6
-        node("ga", 1, 6, size=1, backward=True, keep=True),  # 7
-    )
+    return deep()
 
 
 def dropout() -> Problem:
