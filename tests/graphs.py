@@ -32,6 +32,7 @@ def diamond() -> Problem:
         node("gw", 0, 8, size=3, backward=True, keep=True),  # 9
     )
 
+
 def deep() -> Problem:
     """#2 u is read only by #3 w: it needs a decision only when w is recomputed."""
     return P(
