@@ -594,8 +594,8 @@ def _plot(args: argparse.Namespace) -> int:
     if solved.result.plan is None:
         _error(f"{args.solver} found no plan within {format_bytes(problem.budget or 0)}")
         return EXIT_NO_PLAN
-    before = check(problem, save_all(problem.with_budget(None)).plan)  # type: ignore[arg-type]
-    after = check(problem, solved.result.plan)
+    before, after = save_all(problem).report, solved.result.report
+    assert before is not None and after is not None  # every solver reports its plan
     os.makedirs(args.out_dir, exist_ok=True)
     stem = _safe(problem.name or "problem")
     timeline = os.path.join(args.out_dir, f"{stem}-timeline.png")
