@@ -10,7 +10,7 @@ cloud instance and are meant to be overridden (``DeviceProfile(...)`` or ``optio
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,9 +30,6 @@ class DeviceProfile:
         compute = flops / self.peak_flops(itemsize) if flops else 0.0
         memory = bytes_moved / self.mem_bandwidth
         return max(compute, memory) + self.launch_overhead
-
-    def with_(self, **changes: float | str) -> DeviceProfile:
-        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 PROFILES: dict[str, DeviceProfile] = {
