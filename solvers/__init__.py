@@ -16,7 +16,7 @@ from solvers.io import (
     save_plan,
     save_problem,
 )
-from solvers.plan import Decision, Plan, PlanError, Step, plan_from_decisions
+from solvers.plan import Decision, Plan, PlanError, Step, Transfer, plan_from_decisions
 from solvers.problem import Node, Problem, ProblemError, Scale
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 
@@ -34,6 +34,7 @@ __all__ = [
     "SolverConfig",
     "Status",
     "Step",
+    "Transfer",
     "check",
     "load_plan",
     "load_problem",

@@ -5,16 +5,23 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
 
 * a forward value: from its step to its last forward use; if SAVED, on to its last
   backward consumer; if ``keep``, to the end;
-* a RECOMPUTED or OFFLOADED value again from the backward step it is rematerialized
-  before to its last backward consumer;
+* a RECOMPUTED value again from the backward step it is recomputed before to its last
+  backward consumer;
+* an OFFLOADED value, instead of its saved stretch, on to the end of the forward step its
+  copy out runs beside (``Transfer.offload_at``), and again from the backward step its copy
+  back runs beside (``Transfer.reload_at``) to its last backward consumer;
 * a backward value: from its step to its last use (the end if ``keep``).
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
 all count as live during that step, which bounds from above what the emitted code holds.
 
-Added time is the compute time of every recomputation plus, for each offload, the
-transfer out and back at ``host_bandwidth`` (not overlapped with compute: an upper bound).
+Added time is the compute time of every recomputation plus the transfer time compute
+does not hide: step k lasts max(c_k, out_k, in_k), where c_k is its compute time and
+out_k, in_k the seconds of the copies to and from the host that run beside it (one copy
+engine each way, at ``host_bandwidth``), so it adds max(0, out_k - c_k, in_k - c_k).
+Recomputations that run before step k could hide copies too; they are not counted, so
+the exposed time is an upper bound.
 """
 
 from __future__ import annotations
@@ -60,13 +67,10 @@ def check(problem: Problem, plan: Plan) -> Report:
     peak = max(timeline, default=0)
     rec = plan.of(Decision.RECOMPUTE)
     off = plan.of(Decision.OFFLOAD)
-    transfer = (
-        sum(2 * problem.nodes[i].size for i in off) / problem.host_bandwidth if off else 0.0
-    )
     return Report(
         peak=peak,
         peak_step=timeline.index(peak) if timeline else 0,
-        added_time=sum(problem.nodes[i].time for i in rec) + transfer,
+        added_time=sum(problem.nodes[i].time for i in rec) + exposed_transfer_time(problem, plan),
         added_flops=sum(problem.nodes[i].flops for i in rec),
         saved_bytes=sum(problem.nodes[i].size for i in plan.of(Decision.SAVE)),
         offloaded_bytes=sum(problem.nodes[i].size for i in off),
@@ -77,10 +81,26 @@ def check(problem: Problem, plan: Plan) -> Report:
     )
 
 
+def exposed_transfer_time(problem: Problem, plan: Plan) -> float:
+    """Seconds of copies to and from the host that no compute hides:
+    sum_k max(0, out_k - c_k, in_k - c_k)."""
+    out: dict[int, float] = {}
+    back: dict[int, float] = {}
+    for t in plan.transfers:
+        seconds = problem.transfer_time(t.node)
+        out[t.offload_at] = out.get(t.offload_at, 0.0) + seconds
+        back[t.reload_at] = back.get(t.reload_at, 0.0) + seconds
+    return sum(
+        max(0.0, out.get(k, 0.0) - problem.nodes[k].time, back.get(k, 0.0) - problem.nodes[k].time)
+        for k in sorted(out.keys() | back.keys())
+    )
+
+
 def live_intervals(problem: Problem, plan: Plan) -> list[tuple[int, int, int]]:
     """``(first_step, last_step, bytes)`` for every stretch a value occupies memory."""
     end = problem.last_step
     anchor = {s.node: s.before for s in plan.schedule}
+    moves = {t.node: t for t in plan.transfers}
     # Last backward consumer of each forward value (direct reads and recomputed users).
     last_bw: dict[int, int] = {}
     for i in range(problem.n_forward):
@@ -106,8 +126,11 @@ def live_intervals(problem: Problem, plan: Plan) -> list[tuple[int, int, int]]:
         decision = plan.decisions.get(i)
         if decision is Decision.SAVE:
             fwd_end = max(fwd_end, last_bw[i])
-        elif decision is not None:  # recomputed or reloaded before its anchor
+        elif decision is Decision.RECOMPUTE:
             out.append((anchor[i], last_bw[i], node.size))
+        elif decision is Decision.OFFLOAD:
+            fwd_end = moves[i].offload_at
+            out.append((moves[i].reload_at, last_bw[i], node.size))
         out.append((i, fwd_end, node.size))
     return out
 
@@ -128,6 +151,8 @@ def _validate(problem: Problem, plan: Plan) -> None:
                 f"{problem.describe(i)} is offloaded but the problem has no host link "
                 "(host_bandwidth is 0)"
             )
+        if d is Decision.OFFLOAD and not node.offloadable:
+            raise PlanError(f"{problem.describe(i)} cannot be offloaded (a view or not a tensor)")
     rec = plan.of(Decision.RECOMPUTE)
     needed = needed_values(problem, rec)
     missing = needed - set(plan.decisions)
@@ -159,6 +184,7 @@ def _validate(problem: Problem, plan: Plan) -> None:
     for i in remat - set(position):
         done = "recomputed" if plan.decisions[i] is Decision.RECOMPUTE else "offloaded"
         raise PlanError(f"{problem.describe(i)} is {done} but never scheduled")
+    _validate_transfers(problem, plan, {i: before for i, (before, _) in position.items()})
     for i, (before, k) in position.items():
         for b in problem.backward_uses[i]:
             if b < before:
@@ -173,3 +199,30 @@ def _validate(problem: Problem, plan: Plan) -> None:
                         f"recomputing {problem.describe(i)} reads {problem.describe(j)}, "
                         "which is not available yet"
                     )
+
+
+def _validate_transfers(problem: Problem, plan: Plan, anchor: dict[int, int]) -> None:
+    """One transfer per offloaded value: out beside a forward step after its last forward
+    use, back beside a backward step before its anchor."""
+    f = problem.n_forward
+    offloaded = set(plan.of(Decision.OFFLOAD))
+    seen: set[int] = set()
+    for t in plan.transfers:
+        if t.node not in offloaded:
+            raise PlanError(f"transfer for #{t.node}, which is not offloaded")
+        if t.node in seen:
+            raise PlanError(f"{problem.describe(t.node)} has two transfers")
+        seen.add(t.node)
+        lo = problem.last_forward_use[t.node] + 1
+        if not lo <= t.offload_at < f:
+            raise PlanError(
+                f"{problem.describe(t.node)} is copied out beside step {t.offload_at}; it must be "
+                f"a forward step after its last forward use ({lo}..{f - 1})"
+            )
+        if not f <= t.reload_at < anchor[t.node]:
+            raise PlanError(
+                f"{problem.describe(t.node)} is copied back beside step {t.reload_at}; it must be "
+                f"a backward step before its first use ({f}..{anchor[t.node] - 1})"
+            )
+    for i in sorted(offloaded - seen):
+        raise PlanError(f"{problem.describe(i)} is offloaded but has no transfer")

@@ -41,9 +41,10 @@ VERSION = 1  # the only version this module reads and writes
 
 _PROBLEM_KEYS = ("format", "version", "name", "budget", "host_bandwidth", "scale", "meta", "nodes")
 _NODE_KEYS = (
-    "name", "op", "deps", "backward", "size", "time", "flops", "recomputable", "resident", "keep",
+    "name", "op", "deps", "backward", "size", "time", "flops", "recomputable", "offloadable",
+    "resident", "keep",
 )
-_PLAN_KEYS = ("format", "version", "decisions", "schedule")
+_PLAN_KEYS = ("format", "version", "decisions", "schedule", "transfers")
 
 _E = TypeVar("_E", bound=ValueError)
 _T = TypeVar("_T")
@@ -83,6 +84,7 @@ def _node_to_json(n: Node) -> dict[str, object]:
         "time": float(n.time),
         "flops": float(n.flops),
         "recomputable": n.recomputable,
+        "offloadable": n.offloadable,
         "resident": n.resident,
         "keep": n.keep,
     }
@@ -153,6 +155,7 @@ def _node_from_json(raw: object, i: int, count: int) -> Node:
         time=_amount(obj, "time", where, "seconds"),
         flops=_amount(obj, "flops", where, "FLOPs"),
         recomputable=_typed(obj, "recomputable", where, bool, "true or false", True),
+        offloadable=_typed(obj, "offloadable", where, bool, "true or false", True),
         resident=_typed(obj, "resident", where, bool, "true or false", False),
         keep=_typed(obj, "keep", where, bool, "true or false", False),
     )
@@ -202,7 +205,17 @@ def plan_from_json(data: object) -> Plan:
     for n, step in enumerate(schedule):
         if not (isinstance(step, list) and len(step) == 2 and all(_is_int(x) for x in step)):
             raise PlanError(f"schedule[{n}]: expected a [node, before] pair of ints, got {_show(step)}")
-    return Plan.from_json({"decisions": decisions, "schedule": schedule})
+    transfers = doc.get("transfers", [])
+    if not isinstance(transfers, list):
+        raise PlanError(
+            f"transfers: expected a list of [node, offload_at, reload_at] triples, got {_show(transfers)}"
+        )
+    for n, move in enumerate(transfers):
+        if not (isinstance(move, list) and len(move) == 3 and all(_is_int(x) for x in move)):
+            raise PlanError(
+                f"transfers[{n}]: expected a [node, offload_at, reload_at] triple of ints, got {_show(move)}"
+            )
+    return Plan.from_json({"decisions": decisions, "schedule": schedule, "transfers": transfers})
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:

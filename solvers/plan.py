@@ -2,9 +2,12 @@
 
 A plan is data. ``decisions`` maps each such value to a :class:`Decision`; ``schedule``
 lists the recomputations and reloads the backward runs, in execution order, each just
-before a backward step. :func:`plan_from_decisions` derives the canonical schedule: each
-value is rematerialized right before the first backward step that needs it, directly or
-through another rematerialized value, in topological order within a step.
+before a backward step; ``transfers`` says, for each offloaded value, which step each of
+its two copies runs beside. :func:`plan_from_decisions` derives the canonical schedule:
+each value is rematerialized right before the first backward step that needs it, directly
+or through another rematerialized value, in topological order within a step; an offload
+is copied out beside the step after its last forward use and back beside the step before
+that first backward need.
 """
 
 from __future__ import annotations
@@ -38,9 +41,24 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """The two copies of an offloaded value ``node``, each beside one step's compute.
+
+    ``offload_at``: the forward step the copy to host runs beside; the device copy is
+    freed when that step ends. ``reload_at``: the backward step the copy back runs beside;
+    the device copy exists from that step on (the wait is just before the first use).
+    """
+
+    node: int
+    offload_at: int
+    reload_at: int
+
+
+@dataclass(frozen=True)
 class Plan:
     decisions: Mapping[int, Decision]
     schedule: tuple[Step, ...] = ()
+    transfers: tuple[Transfer, ...] = ()
 
     def __post_init__(self) -> None:
         frozen = dict(self.decisions)
@@ -49,33 +67,48 @@ class Plan:
                 raise PlanError(f"decision for value #{k} is {v!r}; use solvers.Decision")
         object.__setattr__(self, "decisions", MappingProxyType(frozen))
         object.__setattr__(self, "schedule", tuple(self.schedule))
+        object.__setattr__(self, "transfers", tuple(self.transfers))
 
     def of(self, decision: Decision) -> tuple[int, ...]:
         return tuple(sorted(i for i, d in self.decisions.items() if d is decision))
 
+    def transfer(self, node: int) -> Transfer | None:
+        return next((t for t in self.transfers if t.node == node), None)
+
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "decisions": {str(k): v.value for k, v in sorted(self.decisions.items())},
             "schedule": [[s.node, s.before] for s in self.schedule],
         }
+        if self.transfers:
+            out["transfers"] = [[t.node, t.offload_at, t.reload_at] for t in self.transfers]
+        return out
 
     @staticmethod
     def from_json(data: Mapping[str, object]) -> Plan:
         try:
             raw = data["decisions"]
             sched = data.get("schedule", [])
-            assert isinstance(raw, Mapping) and isinstance(sched, list)
+            moves = data.get("transfers", [])
+            assert isinstance(raw, Mapping) and isinstance(sched, list) and isinstance(moves, list)
             decisions = {int(k): Decision(v) for k, v in raw.items()}
             schedule = tuple(Step(int(a), int(b)) for a, b in sched)
+            transfers = tuple(Transfer(int(a), int(b), int(c)) for a, b, c in moves)
         except (KeyError, ValueError, TypeError, AssertionError) as e:
             raise PlanError(f"malformed plan JSON: {e!r}") from None
-        return Plan(decisions, schedule)
+        return Plan(decisions, schedule, transfers)
 
 
-def plan_from_decisions(problem: Problem, decisions: Mapping[int, Decision]) -> Plan:
+def plan_from_decisions(
+    problem: Problem,
+    decisions: Mapping[int, Decision],
+    transfers: Mapping[int, tuple[int, int]] | None = None,
+) -> Plan:
     """The canonical plan for ``decisions``: rematerialize each value right before the first
     backward step that needs it (its own backward reads, or the step of a recomputed
-    forward user), in topological order within a step.
+    forward user), in topological order within a step. Offloaded values are copied out
+    beside the step after their last forward use and back beside the step before their
+    anchor, unless ``transfers`` gives ``(offload_at, reload_at)`` for them.
 
     Values whose anchor cannot be found (never needed) keep no schedule entry; the checker
     reports them.
@@ -83,7 +116,13 @@ def plan_from_decisions(problem: Problem, decisions: Mapping[int, Decision]) -> 
     anchor = rematerialize_anchors(problem, decisions)
     steps = [Step(i, a) for i, a in anchor.items()]
     steps.sort(key=lambda s: (s.before, s.node))
-    return Plan(decisions, tuple(steps))
+    chosen = transfers or {}
+    moves = tuple(
+        Transfer(i, *chosen.get(i, (problem.last_forward_use[i] + 1, anchor[i] - 1)))
+        for i in sorted(anchor)
+        if decisions[i] is Decision.OFFLOAD
+    )
+    return Plan(decisions, tuple(steps), moves)
 
 
 def rematerialize_anchors(problem: Problem, decisions: Mapping[int, Decision]) -> dict[int, int]:

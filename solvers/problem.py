@@ -15,6 +15,11 @@ in :mod:`solvers.cpsat` encodes it):
 * ``keep`` values (the forward's outputs, the gradients) stay until the end of the step.
 
 The budget bounds the peak of that sum over the step, in bytes.
+
+Time model: step ``k`` computes for ``nodes[k].time`` seconds. Copies to and from host
+memory (offloads) run on their own streams beside the compute, one copy engine each way:
+a step lasts the longest of its compute, the copies out and the copies back that run
+beside it, so a copy costs nothing where it hides under compute.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Node:
     time: float = 0.0  # seconds one recomputation of it adds (the device model's estimate)
     flops: float = 0.0  # floating-point operations, for reports
     recomputable: bool = True  # False for random ops and values that must be saved
+    offloadable: bool = True  # False where no copy can stand in for it (views, symbolic sizes)
     resident: bool = False  # alive before the step (parameters, inputs): costs no budget
     keep: bool = False  # stays until the end of the step (outputs, gradients)
 
@@ -145,6 +151,12 @@ class Problem:
         longest = max((n.time for n in self.nodes), default=0.0)
         seconds = longest / Scale.TIME_RESOLUTION if longest > 0 else 1.0
         return Scale(bytes_per_unit=unit, seconds_per_unit=seconds)
+
+    def transfer_time(self, i: int) -> float:
+        """Seconds one copy of value ``i`` takes over the host link (inf without one)."""
+        if self.host_bandwidth <= 0:
+            return math.inf
+        return self.nodes[i].size / self.host_bandwidth
 
     def index(self, name: str) -> int:
         try:

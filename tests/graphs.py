@@ -45,3 +45,20 @@ def deep() -> Problem:
         node("gw", 3, 5, size=1, backward=True),  # 6
         node("ga", 1, 6, size=1, backward=True, keep=True),  # 7
     )
+
+
+def offload_graph(host_bandwidth: float = 2.0, **kw: float) -> Problem:
+    """#1 a (4 B) is read early in the forward and late in the backward, with long steps
+    (3 s of compute) beside which its copies can run: at 2 B/s each copy takes 2 s."""
+    return P(
+        node("x", size=1, resident=True),  # 0
+        node("a", 0, size=4, time=kw.get("a_time", 1.0)),  # 1
+        node("b", 1, size=1, time=3.0),  # 2
+        node("c", 2, size=1, time=3.0),  # 3
+        node("loss", 3, size=1, keep=True),  # 4
+        node("gl", 4, size=1, backward=True),  # 5
+        node("gc", 2, 5, size=1, time=1.0, backward=True),  # 6
+        node("gb", 6, size=1, time=3.0, backward=True),  # 7
+        node("ga", 1, 7, size=1, backward=True, keep=True),  # 8
+        host_bandwidth=host_bandwidth,
+    )

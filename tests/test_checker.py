@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from solvers import Decision, Plan, PlanError, Problem, Step, check, plan_from_decisions
+from solvers import Decision, Plan, PlanError, Problem, Step, Transfer, check, plan_from_decisions
 from solvers.problem import node
-from tests.graphs import P, chain, deep, diamond
+from tests.graphs import P, chain, deep, diamond, offload_graph
 
 S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 
@@ -101,13 +101,31 @@ def test_chain_recompute_last_does_not_help() -> None:
     assert r.added_time == 6.0
 
 
-def test_chain_offload_costs_transfer_time_both_ways() -> None:
-    # Same intervals as a recompute; 2 * 3 B at 10 B/s = 0.6 s.
-    p = chain(host_bandwidth=10.0)
-    r = run(p, {1: S, 2: OFF, 3: S})
-    assert r.timeline == (0, 2, 5, 10, 12, 13, 7)
-    assert r.added_time == pytest.approx(0.6)
-    assert (r.offloaded_bytes, r.n_offloaded, r.n_recomputed, r.saved_bytes) == (3, 1, 0, 7)
+def test_offload_hidden_under_compute_adds_no_time() -> None:
+    # a: [1, 3] (copied out beside c, step 3), then [7, 8] (copied back beside gb, step 7).
+    # Each copy is 4 B at 2 B/s = 2 s, under the 3 s of c and of gb.
+    p = offload_graph()
+    plan = plan_from_decisions(p, {1: OFF, 2: S})
+    assert plan.transfers == (Transfer(1, offload_at=3, reload_at=7),)
+    r = check(p, plan)
+    assert r.timeline == (0, 4, 5, 6, 3, 3, 4, 7, 7)
+    assert r.added_time == 0.0
+    assert (r.offloaded_bytes, r.n_offloaded, r.n_recomputed, r.saved_bytes) == (4, 1, 0, 1)
+
+
+def test_offload_exposes_what_compute_does_not_hide() -> None:
+    # At 0.5 B/s each copy takes 8 s: 5 s beyond c's 3 s, and 5 s beyond gb's 3 s.
+    r = run(offload_graph(host_bandwidth=0.5), {1: OFF, 2: S})
+    assert r.added_time == pytest.approx(10.0)
+
+
+def test_offload_copied_out_later_holds_the_device_copy_longer() -> None:
+    # Out beside loss (step 4) instead of c: a stays on the device through step 4. Back
+    # beside gl (step 5): a is on the device again from 5. gl has 1 s: 1 s exposed each.
+    p = offload_graph()
+    r = check(p, plan_from_decisions(p, {1: OFF, 2: S}, {1: (4, 5)}))
+    assert r.timeline == (0, 4, 5, 6, 7, 7, 8, 7, 7)
+    assert r.added_time == pytest.approx(2.0)
 
 
 def test_earlier_recompute_than_canonical_costs_memory() -> None:
@@ -192,6 +210,21 @@ BAD_PLANS: list[tuple[str, Problem, Plan, str]] = [
      r"#3 f2 .* is recomputed but never scheduled"),
     ("offloaded, never scheduled", chain(host_bandwidth=1.0), Plan({1: S, 2: S, 3: OFF}),
      r"#3 f2 .* is offloaded but never scheduled"),
+    ("offloaded, no transfer", offload_graph(), Plan({1: OFF, 2: S}, (Step(1, 8),)),
+     r"#1 a .* is offloaded but has no transfer"),
+    ("transfer of a saved value", offload_graph(), Plan({1: S, 2: S}, (), (Transfer(1, 3, 7),)),
+     r"transfer for #1, which is not offloaded"),
+    ("copied out before its last forward use", offload_graph(),
+     Plan({1: OFF, 2: S}, (Step(1, 8),), (Transfer(1, 2, 7),)),
+     r"#1 a .* is copied out beside step 2; it must be a forward step after its last forward use \(3\.\.4\)"),
+    ("copied back at its first use", offload_graph(),
+     Plan({1: OFF, 2: S}, (Step(1, 8),), (Transfer(1, 3, 8),)),
+     r"#1 a .* is copied back beside step 8; it must be a backward step before its first use \(5\.\.7\)"),
+    ("offload of a view", P(node("x", size=1, resident=True), node("v", 0, size=2, offloadable=False),
+                            node("w", 1), node("o", 2, keep=True), node("g", 1, 3, backward=True),
+                            host_bandwidth=1.0),
+     Plan({1: OFF, 2: S}, (Step(1, 4),), (Transfer(1, 3, 4),)),
+     r"#1 v .* cannot be offloaded"),
     ("read before it is rematerialized", chain(), Plan({1: S, 2: S, 3: R}, (Step(3, 5),)),
      r"#3 f2 .* is read at step 4, before it is rematerialized at 5"),
 ]

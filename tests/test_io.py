@@ -21,6 +21,7 @@ from solvers import (
     Problem,
     ProblemError,
     Step,
+    Transfer,
     load_plan,
     load_problem,
     plan_from_json,
@@ -94,7 +95,8 @@ def test_written_document_is_tagged_and_explicit() -> None:
     assert isinstance(nodes, list)
     assert nodes[2] == {
         "name": "m", "op": "aten.rand_like", "deps": [1], "backward": False, "size": 4,
-        "time": 0.5, "flops": 0.0, "recomputable": False, "resident": False, "keep": False,
+        "time": 0.5, "flops": 0.0, "recomputable": False, "offloadable": True, "resident": False,
+            "keep": False,
     }
 
 
@@ -379,7 +381,8 @@ def test_random_problem_round_trips(p: Problem) -> None:
 
 # ---- plans -------------------------------------------------------------------------------
 
-PLAN = Plan({1: Decision.SAVE, 2: Decision.RECOMPUTE, 3: Decision.OFFLOAD}, (Step(2, 5), Step(3, 5)))
+PLAN = Plan({1: Decision.SAVE, 2: Decision.RECOMPUTE, 3: Decision.OFFLOAD}, (Step(2, 5), Step(3, 5)),
+            (Transfer(3, 4, 4),))
 
 
 def test_plan_round_trips(tmp_path: Path) -> None:
@@ -413,6 +416,9 @@ BAD_PLAN_DOCS: list[tuple[str, object, str]] = [
     ("schedule not a list", plan_edit(lambda d: d.update(schedule={})), r"^schedule: expected a list"),
     ("bad step", plan_edit(lambda d: d.update(schedule=[[2, 5, 1]])), r"^schedule\[0\]: expected a \[node, before\] pair of ints"),
     ("fractional step", plan_edit(lambda d: d.update(schedule=[[2, 5.5]])), r"^schedule\[0\]:"),
+    ("transfers not a list", plan_edit(lambda d: d.update(transfers={})), r"^transfers: expected a list"),
+    ("transfer pair", plan_edit(lambda d: d.update(transfers=[[3, 4]])),
+     r"^transfers\[0\]: expected a \[node, offload_at, reload_at\] triple of ints, got \[3, 4\]"),
 ]
 
 
