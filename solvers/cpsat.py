@@ -76,6 +76,7 @@ from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Sta
 log = logging.getLogger(__name__)
 
 MAX_CUT_TERMS = 200_000  # bounds the size of add_memory_cuts: about 10 MB of model
+TRANSFER_CHOICES = 6  # steps an offloaded value's copy may run beside, each way
 
 
 @dataclass
@@ -88,20 +89,35 @@ class Model:
     R: dict[int, cp_model.IntVar] = field(default_factory=dict)
     P: dict[int, cp_model.IntVar] = field(default_factory=dict)
     L: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    O: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    X: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    Y: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    out_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)  # v -> k -> bool
+    in_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)
+    E: dict[int, cp_model.IntVar] = field(default_factory=dict)  # exposed copy time at step k
     capacity: cp_model.IntVar | int = 0
+
+    sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
 
     @property
     def tie_break(self) -> int:
         """Objective units per time unit (see :func:`objective`)."""
-        return len(self.R) + 1
-    sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
+        return len(self.R) + len(self.O) + 1
+
+    def remat(self, v: int) -> cp_model.LinearExprT:
+        """R_v + O_v: v is rematerialized in the backward (recomputed or reloaded)."""
+        return self.R[v] + self.O[v] if v in self.O else self.R[v]
+
+    def kept(self, v: int) -> cp_model.LinearExprT:
+        """S_v + R_v + O_v: v is available to the backward, whatever its fate."""
+        return self.S[v] + self.remat(v)
 
 
 def build(problem: Problem, *, minimize_peak: bool = False) -> Model:
     """The model of ``problem`` (see the module docstring), objective included."""
     m = Model(problem)
     add_variables(m)
-    for family in (add_one_fate, add_needed, add_chain, add_anchor, add_last_use):
+    for family in (add_one_fate, add_needed, add_chain, add_anchor, add_last_use, add_transfers):
         _timed(m, family.__name__, family)
     _timed(m, "add_memory", lambda m: add_memory(m, minimize_peak=minimize_peak))
     _timed(m, "add_memory_cuts", add_memory_cuts)
@@ -113,11 +129,12 @@ def build(problem: Problem, *, minimize_peak: bool = False) -> Model:
 
 
 def objective(m: Model) -> cp_model.LinearExprT:
-    """(|C|+1)·Σ t_v R_v + Σ R_v: least added time first, then the fewest recomputations
-    (zero-time ones included) — lexicographic, because Σ R_v <= |C| < |C|+1."""
+    """T·(Σ t_v R_v + Σ_k E_k) + Σ R_v + Σ O_v with T = |R| + |O| + 1: least added time
+    first, then the fewest rematerializations (zero-time ones included) — lexicographic,
+    because Σ R_v + Σ O_v < T."""
     scale = m.problem.scale
-    time = sum(scale.time(m.problem.nodes[v].time) * m.R[v] for v in m.R)
-    return m.tie_break * time + sum(m.R.values())
+    time = sum(scale.time(m.problem.nodes[v].time) * m.R[v] for v in m.R) + sum(m.E.values())
+    return m.tie_break * time + sum(m.R.values()) + sum(m.O.values())
 
 
 def add_variables(m: Model) -> None:
@@ -128,36 +145,68 @@ def add_variables(m: Model) -> None:
         m.R[v] = m.cp.new_bool_var(f"R[{v}]")
         m.P[v] = m.cp.new_int_var(f, last, f"P[{v}]")
         m.L[v] = m.cp.new_int_var(f, last, f"L[{v}]")
+        outs, ins = transfer_steps(p, v)
+        if outs and ins:
+            m.O[v] = m.cp.new_bool_var(f"O[{v}]")
+            m.X[v] = m.cp.new_int_var(min(outs), max(outs), f"X[{v}]")
+            m.Y[v] = m.cp.new_int_var(min(ins), max(ins), f"Y[{v}]")
+            m.out_at[v] = {k: m.cp.new_bool_var(f"out[{v},{k}]") for k in outs}
+            m.in_at[v] = {k: m.cp.new_bool_var(f"in[{v},{k}]") for k in ins}
 
+
+def transfer_steps(problem: Problem, v: int, *, choices: int | None = None) -> tuple[list[int], list[int]]:
+    """The steps v's copies may run beside, if v may be offloaded: out, a forward step after
+    its last forward use; back, a backward step before its first backward read. The step
+    next to the use (no memory held longer) and then the ``choices - 1`` longest steps
+    (compute to hide under), earliest first among equals."""
+    p = problem
+    node = p.nodes[v]
+    choices = choices or TRANSFER_CHOICES
+    if p.host_bandwidth <= 0 or not node.offloadable:
+        return [], []
+    f = p.n_forward
+    reads = p.backward_uses[v]
+    first_read = min(reads) if reads else p.last_step
+    out_window = range(p.last_forward_use[v] + 1, f)
+    in_window = range(f, first_read)
+    if not out_window or not in_window:
+        return [], []
+
+    def pick(window: range, near: int) -> list[int]:
+        rest = sorted((k for k in window if k != near), key=lambda k: (-p.nodes[k].time, k))
+        return sorted([near, *rest[: choices - 1]])
+
+    return pick(out_window, out_window[0]), pick(in_window, in_window[-1])
 
 def add_one_fate(m: Model) -> None:
-    """S_v + R_v <= 1; R_v = 0 when v may not be recomputed."""
+    """S_v + R_v + O_v <= 1; R_v = 0 when v may not be recomputed."""
     for v in m.S:
-        m.cp.add(m.S[v] + m.R[v] <= 1)
+        m.cp.add(m.kept(v) <= 1)
         if not m.problem.nodes[v].recomputable:
             m.cp.add(m.R[v] == 0)
 
 
 def add_needed(m: Model) -> None:
-    """S_v + R_v = 1 if the backward reads v; else S_v + R_v <= sum_{w in fu(v)} R_w."""
+    """S_v + R_v + O_v = 1 if the backward reads v; else S_v + R_v + O_v <= sum_{w in fu(v)} R_w."""
     p = m.problem
     for v in m.S:
         if p.backward_uses[v]:
-            m.cp.add(m.S[v] + m.R[v] == 1)
+            m.cp.add(m.kept(v) == 1)
         else:
-            m.cp.add(m.S[v] + m.R[v] <= sum(m.R[w] for w in p.forward_users[v] if w in m.R))
+            m.cp.add(m.kept(v) <= sum(m.R[w] for w in p.forward_users[v] if w in m.R))
 
 
 def add_chain(m: Model) -> None:
-    """R_w => S_u + R_u >= 1 for every candidate u that w reads."""
+    """R_w => S_u + R_u + O_u >= 1 for every candidate u that w reads."""
     for w in m.R:
         for u in _candidate_deps(m, w):
-            m.cp.add(m.S[u] + m.R[u] >= 1).only_enforce_if(m.R[w])
+            m.cp.add(m.kept(u) >= 1).only_enforce_if(m.R[w])
 
 
 def add_anchor(m: Model) -> None:
     """P_v <= min bu(v); R_w => P_u <= P_w for u in deps(w);
-    R_v => P_v = min(bu(v) ∪ {P_w : w in fu(v), R_w}), with Q[v,w] = P_w if R_w else N-1."""
+    R_v ∨ O_v => P_v = min(bu(v) ∪ {P_w : w in fu(v), R_w}), with Q[v,w] = P_w if R_w
+    else N-1."""
     p = m.problem
     f, last = p.n_forward, p.last_step
     for v in m.P:
@@ -176,7 +225,12 @@ def add_anchor(m: Model) -> None:
             m.cp.add(q == m.P[w]).only_enforce_if(m.R[w])
             m.cp.add(q == last).only_enforce_if(~m.R[w])
             firsts.append(q)
-        m.cp.add_min_equality(m.P[v], firsts).only_enforce_if(m.R[v])
+        if v in m.O:
+            remat = m.cp.new_bool_var(f"M[{v}]")
+            m.cp.add(remat == m.R[v] + m.O[v])
+        else:
+            remat = m.R[v]
+        m.cp.add_min_equality(m.P[v], firsts).only_enforce_if(remat)
 
 
 def add_last_use(m: Model) -> None:
@@ -191,8 +245,39 @@ def add_last_use(m: Model) -> None:
             m.cp.add(m.L[u] >= m.P[w]).only_enforce_if(m.R[w])
 
 
+def add_transfers(m: Model) -> None:
+    """Where v's copies run, if offloaded, and the copy time compute does not hide:
+
+    sum_k out[v,k] = O_v, out[v,k] => X_v = k;  sum_k in[v,k] = O_v, in[v,k] => Y_v = k;
+    O_v => Y_v < P_v (back before the first use);
+    E_k >= sum_v d_v out[v,k] - c_k and E_k >= sum_v d_v in[v,k] - c_k, E_k >= 0,
+
+    with d_v = s_v / bandwidth and c_k step k's compute (``nodes[k].time``), in time units.
+    Copies out run beside forward steps and copies back beside backward steps, so a step
+    carries one direction only. The checker's :func:`exposed_transfer_time` is the same sum.
+    """
+    p = m.problem
+    scale = p.scale
+    loads: dict[int, list[tuple[cp_model.IntVar, int]]] = {}
+    for v in m.O:
+        for choice, chosen in ((m.out_at[v], m.X[v]), (m.in_at[v], m.Y[v])):
+            m.cp.add(sum(choice.values()) == m.O[v])
+            for k, b in choice.items():
+                m.cp.add(chosen == k).only_enforce_if(b)
+                loads.setdefault(k, []).append((b, scale.time(p.transfer_time(v))))
+        m.cp.add(m.Y[v] < m.P[v]).only_enforce_if(m.O[v])
+    for k, terms in sorted(loads.items()):
+        compute = scale.time(p.nodes[k].time)
+        most = sum(d for _, d in terms) - compute
+        if most <= 0:
+            continue  # everything that may run beside k hides under it
+        m.E[k] = m.cp.new_int_var(0, most, f"E[{k}]")
+        m.cp.add(m.E[k] >= sum(d * b for b, d in terms) - compute)
+
+
 def add_memory(m: Model, *, minimize_peak: bool) -> None:
-    """cumulative(baseline b_k, [lf(v)+1, L_v] if S_v, [P_v, L_v] if R_v) <= floor(B/q)."""
+    """cumulative(baseline b_k, [lf(v)+1, L_v] if S_v, [P_v, L_v] if R_v,
+    [lf(v)+1, X_v] and [Y_v, L_v] if O_v) <= floor(B/q)."""
     p = m.problem
     scale = p.scale
     base = baseline(p)
@@ -214,6 +299,12 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
             m.cp.new_optional_interval_var(m.P[v], length, end, m.R[v], f"Recompute[{v}]")
         )
         demands += [size, size]
+        if v in m.O:
+            out_len = m.cp.new_int_var(1, p.n_forward, f"out_len[{v}]")
+            intervals.append(m.cp.new_optional_interval_var(start, out_len, m.X[v] + 1, m.O[v], f"Out[{v}]"))
+            in_len = m.cp.new_int_var(1, p.last_step - p.n_forward + 1, f"in_len[{v}]")
+            intervals.append(m.cp.new_optional_interval_var(m.Y[v], in_len, end, m.O[v], f"In[{v}]"))
+            demands += [size, size]
     floor = scale.mem(max(base, default=0))
     if minimize_peak:
         total = scale.mem(sum(n.size for n in p.nodes if not n.resident))
@@ -228,7 +319,8 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
 def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     """Redundant linear rows of the memory constraint, for CP-SAT's LP bound:
 
-    b_k + sum_{v: lf(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= max bu(v)} s_v R_v <= floor(B/q)
+    b_k + sum_{v: lf(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= max bu(v)} s_v (R_v + O_v)
+        + sum_{v: k = lf(v)+1} s_v O_v <= floor(B/q)
 
     with e(v) = max bu(v), or F for a value only recomputed users read (saved, it lives at
     least to the backward's first step). Each term is live whatever the other decisions,
@@ -250,6 +342,10 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         if bu:
             for k in range(min(bu), max(bu) + 1):
                 rows.setdefault(k, []).append((m.R[v], size))
+                if v in m.O:
+                    rows.setdefault(k, []).append((m.O[v], size))
+        if v in m.O:
+            rows.setdefault(p.last_forward_use[v] + 1, []).append((m.O[v], size))
     potential = {k: scale.mem(base[k]) + sum(s for _, s in terms) for k, terms in rows.items()}
     used = 0
     for k in sorted(rows, key=lambda k: (-potential[k], k)):
@@ -357,12 +453,16 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
 def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
     """Read the decisions; the canonical schedule follows from them."""
     decisions: dict[int, Decision] = {}
+    transfers: dict[int, tuple[int, int]] = {}
     for v in model.S:
         if solver.boolean_value(model.S[v]):
             decisions[v] = Decision.SAVE
         elif solver.boolean_value(model.R[v]):
             decisions[v] = Decision.RECOMPUTE
-    return plan_from_decisions(model.problem, decisions)
+        elif v in model.O and solver.boolean_value(model.O[v]):
+            decisions[v] = Decision.OFFLOAD
+            transfers[v] = (solver.value(model.X[v]), solver.value(model.Y[v]))
+    return plan_from_decisions(model.problem, decisions, transfers)
 
 
 def hint(model: Model, plan: Plan) -> None:
@@ -373,6 +473,8 @@ def hint(model: Model, plan: Plan) -> None:
         decision = plan.decisions.get(v)
         model.cp.add_hint(model.S[v], decision is Decision.SAVE)
         model.cp.add_hint(model.R[v], decision is Decision.RECOMPUTE)
+        if v in model.O:
+            model.cp.add_hint(model.O[v], decision is Decision.OFFLOAD)
         if v in anchor:
             model.cp.add_hint(model.P[v], anchor[v])
         consumers = [*p.backward_uses[v],

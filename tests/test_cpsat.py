@@ -1,8 +1,9 @@
 """The exact CP-SAT planner against brute force, and every plan it returns against the checker.
 
-The brute force enumerates every assignment of {no decision, save, recompute} to the
-problem's candidates, builds the canonical plan, keeps the ones the checker accepts and
-takes the cheapest within budget. The solver must reach the same objective, return a plan
+The brute force enumerates every assignment of {no decision, save, recompute, offload}
+to the problem's candidates (offload where the problem has a host link), with every pair
+of steps each offload's copies may run beside, builds the plan, keeps the ones the checker
+accepts and takes the cheapest within budget. The solver must reach the same objective, return a plan
 the checker puts within budget, and explain an infeasible budget with the brute force's
 smallest peak.
 """
@@ -13,7 +14,7 @@ import itertools
 from typing import NamedTuple
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from solvers import (
@@ -24,16 +25,19 @@ from solvers import (
     Problem,
     SolverConfig,
     Status,
+    Transfer,
     check,
     min_feasible_peak,
     plan_from_decisions,
     save_all,
     solve,
 )
+import solvers.cpsat
+from solvers.plan import rematerialize_anchors
 from solvers.problem import chain_problem, node
-from tests.graphs import P, chain, deep, diamond
+from tests.graphs import P, chain, deep, diamond, offload_graph
 
-S, R = Decision.SAVE, Decision.RECOMPUTE
+S, R, O = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
 REL = 1e-6  # objectives agree to this relative tolerance (times are scaled to integers)
 
@@ -43,6 +47,16 @@ REL = 1e-6  # objectives agree to this relative tolerance (times are scaled to i
 # ---- brute force ----------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True, scope="module")
+def every_transfer_step():
+    """Let CP-SAT consider every step for an offload's copies, as the brute force does
+    (by default it considers the few longest; see test_default_transfer_choices_*)."""
+    default = solvers.cpsat.TRANSFER_CHOICES
+    solvers.cpsat.TRANSFER_CHOICES = 1000
+    yield
+    solvers.cpsat.TRANSFER_CHOICES = default
+
+
 class Outcome(NamedTuple):
     peak: int  # bytes, the checker's
     added_time: float  # seconds, the checker's
@@ -50,17 +64,29 @@ class Outcome(NamedTuple):
 
 
 def brute_force(problem: Problem) -> list[Outcome]:
-    """The checker's verdict on the canonical plan of every valid save/recompute assignment."""
+    """The checker's verdict on every valid save/recompute/offload assignment, with the
+    canonical schedule and every choice of steps for the offloads' copies."""
     cands = problem.candidates
     assert len(cands) <= 8, "brute force is for toys"
+    fates = (None, S, R, O) if problem.host_bandwidth > 0 else (None, S, R)
     out: list[Outcome] = []
-    for fates in itertools.product((None, S, R), repeat=len(cands)):
-        decisions = {v: d for v, d in zip(cands, fates, strict=True) if d is not None}
-        try:
-            report = check(problem, plan_from_decisions(problem, decisions))
-        except PlanError:
+    for chosen in itertools.product(fates, repeat=len(cands)):
+        decisions = {v: d for v, d in zip(cands, chosen, strict=True) if d is not None}
+        anchor = rematerialize_anchors(problem, decisions)
+        offloaded = [v for v, d in decisions.items() if d is O]
+        if any(v not in anchor for v in offloaded):
             continue
-        out.append(Outcome(report.peak, report.added_time, decisions))
+        windows = [
+            [(a, b) for a in range(problem.last_forward_use[v] + 1, problem.n_forward)
+             for b in range(problem.n_forward, anchor[v])]
+            for v in offloaded
+        ]
+        for steps in itertools.product(*windows):
+            try:
+                report = check(problem, plan_from_decisions(problem, decisions, dict(zip(offloaded, steps))))
+            except PlanError:
+                continue
+            out.append(Outcome(report.peak, report.added_time, decisions))
     assert out, "saving what the backward reads is always a valid plan"
     return out
 
@@ -156,6 +182,10 @@ HAND: dict[str, Problem] = {
     "chain_kib": chain_problem([2048, 3072, 5120], [1.0, 2.0, 4.0]),  # memory unit 1024 B
     "chain_free": chain_problem([2, 3, 5], [0.0, 0.0, 0.0]),  # zero-cost recomputation
     "chain_weightless": chain_problem([0, 0, 0], [1.0, 2.0, 4.0]),  # zero-size values
+    "offload_hidden": offload_graph(host_bandwidth=2.0),  # copies hide under compute
+    "offload_slow": offload_graph(host_bandwidth=0.5),  # copies cost more than recompute
+    "offload_costly": offload_graph(host_bandwidth=1.0, a_time=6.0),  # both cost: compare
+    "dropout_offload": P(*dropout().nodes, host_bandwidth=2.0),  # a mask may be offloaded
 }
 HAND_OUTCOMES = {name: brute_force(p) for name, p in HAND.items()}
 HAND_CASES = [(name, b) for name, o in HAND_OUTCOMES.items() for b in interesting_budgets(o)]
@@ -232,6 +262,65 @@ def test_regression_recompute_position_is_the_canonical_anchor() -> None:
         assert_matches_brute_force(p, b, outcomes)
 
 
+# ---- offload ----------------------------------------------------------------------------
+# offload_graph: saving a peaks at 8 B (step 6); offloading or recomputing it (1 s), 7 B
+# (a is back on the device with loss, gb and ga at step 8).
+
+
+def test_offload_is_chosen_where_its_copies_hide_under_compute() -> None:
+    result = solve(offload_graph(host_bandwidth=2.0).with_budget(7), CFG)
+    assert result.plan is not None and result.plan.decisions[1] is O
+    assert result.objective == 0.0
+    assert result.plan.transfers == (Transfer(1, offload_at=3, reload_at=7),)
+
+
+def test_recompute_is_chosen_where_the_copies_would_show() -> None:
+    # At 0.5 B/s each copy takes 8 s and hides 3 s at best: 10 s against 1 s of recompute.
+    result = solve(offload_graph(host_bandwidth=0.5).with_budget(7), CFG)
+    assert result.plan is not None and result.plan.decisions[1] is R
+    assert result.objective == 1.0
+
+
+def test_offload_where_it_hides_two_recomputations_below_that() -> None:
+    """u and w are read by the backward's last steps; long steps (s1, s2, g2, g1) can hide
+    a copy. At 13 B u is offloaded for free; at 12 B only recomputing u and w (2 s) fits."""
+    p = P(
+        node("in", size=1, resident=True),  # 0
+        node("x", 0, size=1, time=1.0),  # 1
+        node("u", 1, size=2, time=1.0),  # 2
+        node("w", 2, size=2, time=1.0),  # 3
+        node("big", 3, size=8, time=9.0),  # 4
+        node("s1", 4, size=1, time=5.0),  # 5
+        node("s2", 5, size=1, time=5.0),  # 6
+        node("loss", 6, size=1, keep=True),  # 7
+        node("g2", 5, 7, size=1, time=5.0, backward=True),  # 8
+        node("g1", 8, size=1, time=5.0, backward=True),  # 9
+        node("gbig", 4, 9, size=1, backward=True),  # 10
+        node("gw", 3, 10, size=1, backward=True),  # 11
+        node("gu", 2, 11, size=1, backward=True, keep=True),  # 12
+        host_bandwidth=2.0,
+    )
+    outcomes = brute_force(p)
+    for b in interesting_budgets(outcomes):
+        assert_matches_brute_force(p, b, outcomes)
+    at13, at12 = solve(p.with_budget(13), CFG), solve(p.with_budget(12), CFG)
+    assert at13.plan is not None and at13.plan.of(O) == (2,) and at13.objective == 0.0
+    assert at12.plan is not None and at12.plan.of(R) == (2, 3) and at12.objective == 2.0
+
+
+def test_default_transfer_choices_give_a_valid_plan_no_better_than_brute_force() -> None:
+    """With the default few steps per copy (not every step), the plan is still one the
+    checker accepts, and never claims to beat the exhaustive optimum."""
+    p = offload_graph(host_bandwidth=2.0).with_budget(7)
+    solvers.cpsat.TRANSFER_CHOICES = 1
+    try:
+        result = solve(p, CFG)
+    finally:
+        solvers.cpsat.TRANSFER_CHOICES = 1000
+    assert result.plan is not None and check(p, result.plan).fits
+    assert result.objective >= cheapest(brute_force(p), 7)
+
+
 # ---- trivial cases ----------------------------------------------------------------------
 
 
@@ -301,7 +390,7 @@ def test_zero_size_values_need_no_memory() -> None:
 
 
 @st.composite
-def small_problems(draw: st.DrawFn, max_forward: int = 7) -> Problem:
+def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False) -> Problem:
     """0-2 resident inputs, 3 to ``max_forward`` forward values, 2-5 backward values that,
     like autograd's, read forward values and earlier gradients. Deps point backwards by
     construction; sizes come in a random memory unit; times are integers, so objectives
@@ -335,16 +424,30 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7) -> Problem:
             name=f"b{k}",
             deps=tuple(sorted(reads)),
             size=unit * draw(st.integers(0, 6)),
+            time=float(draw(st.integers(0, 5))) if offload else 0.0,  # compute to hide copies under
             backward=True,
             keep=k == n_backward - 1 or draw(st.booleans()),
         ))
-    return Problem(nodes=tuple(nodes), name="random")
+    bandwidth = float(draw(st.sampled_from([1, 2, 4, 8]))) * unit if offload else 0.0
+    return Problem(nodes=tuple(nodes), host_bandwidth=bandwidth, name="random")
 
 
 @settings(max_examples=40, deadline=None)
 @given(small_problems())
 def test_random_dag_matches_brute_force_at_every_interesting_budget(p: Problem) -> None:
     outcomes = brute_force(p)
+    smallest = min_feasible_peak(p, CFG)
+    assert smallest.report is not None
+    assert smallest.report.peak == min(o.peak for o in outcomes)
+    for budget in interesting_budgets(outcomes):
+        assert_matches_brute_force(p, budget, outcomes)
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_problems(max_forward=5, offload=True))
+def test_random_dag_with_offload_matches_brute_force(p: Problem) -> None:
+    outcomes = brute_force(p)
+    assume(any(O in o.decisions.values() for o in outcomes))  # some value can be offloaded
     smallest = min_feasible_peak(p, CFG)
     assert smallest.report is not None
     assert smallest.report.peak == min(o.peak for o in outcomes)
