@@ -1,8 +1,10 @@
-r"""Exact save / recompute planning on OR-Tools CP-SAT.
+r"""Exact save / recompute / offload planning on OR-Tools CP-SAT.
 
-The model is the checker's memory model (:mod:`solvers.checker`) written as constraints,
-so that a plan the model accepts is one the checker accepts, and the optimum of the model
-is the best plan over all save/recompute assignments with the canonical schedule.
+The model is the checker's memory and time model (:mod:`solvers.checker`) written as
+constraints, so that a plan the model accepts is one the checker accepts, and the optimum
+of the model is the best plan over all save/recompute/offload assignments with the
+canonical schedule and, for each offload, any of the steps its copies may run beside
+(:func:`transfer_steps`).
 
 Notation. Timeline steps :math:`k = 0..N-1`; the forward is :math:`k < F`. For a forward
 value :math:`v`: :math:`s_v` bytes, :math:`t_v` seconds, :math:`lf(v)` its last forward
@@ -18,31 +20,45 @@ Variables, for :math:`v \in C`:
 * :math:`Q_{v,w} \in [F, N-1]`, for each candidate forward user w of v: :math:`P_w` if
   :math:`R_w`, else :math:`N-1` (what the anchor's minimum ranges over).
 
+and, where the problem has a host link and v may be offloaded (``Node.offloadable``, a
+forward step after its last forward use and a backward step before its first read):
+
+* :math:`O_v \in \{0,1\}`: v is offloaded (copied to host memory, copied back);
+* :math:`out_{v,k}, in_{v,k} \in \{0,1\}`: its copy out runs beside forward step k, its
+  copy back beside backward step k; :math:`X_v, Y_v` those steps;
+* :math:`E_k \ge 0`: the copy time step k's compute :math:`c_k` does not hide.
+
 Constraint families (one ``add_*`` function each):
 
-* one fate:   :math:`S_v + R_v \le 1`, and :math:`R_v = 0` if v is not recomputable;
-* needed:     :math:`S_v + R_v = 1` if :math:`bu(v) \ne \emptyset`, else
-  :math:`S_v + R_v \le \sum_{w \in fu(v)} R_w` (no decision for a value nobody reads);
-* chain:      :math:`R_w \Rightarrow S_u + R_u \ge 1` for every :math:`u \in deps(w) \cap C`;
+* one fate:   :math:`S_v + R_v + O_v \le 1`, and :math:`R_v = 0` if v is not recomputable;
+* needed:     :math:`S_v + R_v + O_v = 1` if :math:`bu(v) \ne \emptyset`, else
+  :math:`S_v + R_v + O_v \le \sum_{w \in fu(v)} R_w` (no decision for a value nobody reads);
+* chain:      :math:`R_w \Rightarrow S_u + R_u + O_u \ge 1` for every :math:`u \in deps(w) \cap C`;
 * anchor:     :math:`P_v \le \min bu(v)`, :math:`R_w \Rightarrow P_u \le P_w` for
-  :math:`u \in deps(w)`, and :math:`R_v \Rightarrow P_v = \min(bu(v) \cup
-  \{P_w : w \in fu(v), R_w\})`: recompute right before the first consumer, exactly
-  where the canonical schedule does;
+  :math:`u \in deps(w)`, and :math:`R_v \lor O_v \Rightarrow P_v = \min(bu(v) \cup
+  \{P_w : w \in fu(v), R_w\})`: recompute (or wait for the copy back) right before the
+  first consumer, exactly where the canonical schedule does;
+* transfers:  :math:`\sum_k out_{v,k} = O_v`, :math:`out_{v,k} \Rightarrow X_v = k`, the
+  same for :math:`in, Y`; :math:`O_v \Rightarrow Y_v < P_v`; and
+  :math:`E_k \ge \sum_v d_v\, out_{v,k} - c_k`, :math:`E_k \ge \sum_v d_v\, in_{v,k} - c_k`
+  with :math:`d_v = s_v / \text{bandwidth}`: a step lasts the longest of its compute and
+  the copies beside it (one copy engine each way);
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
   :math:`R_w \Rightarrow L_u \ge P_w`;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes) plus, per candidate, the optional intervals
-  :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, and :math:`[P_v, L_v]` present iff
-  :math:`R_v`.
+  :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, :math:`[P_v, L_v]` present iff
+  :math:`R_v`, and :math:`[lf(v)+1, X_v]`, :math:`[Y_v, L_v]` present iff :math:`O_v`
+  (the device copy lives until its copy out ends, and again from its copy back on).
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
   restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
   by the cumulative, they give CP-SAT's LP a bound the cumulative does not.
 
-Objective: :math:`\min (|C|+1) \sum_{v \in C} t_v R_v + \sum_{v \in C} R_v` (time in
-``problem.scale`` units): the least added time, and among equal times the fewest
-recomputations.
+Objective: :math:`\min T (\sum_{v} t_v R_v + \sum_k E_k) + \sum_v (R_v + O_v)` with
+:math:`T = |R| + |O| + 1` (time in ``problem.scale`` units): the least added time, and
+among equal times the fewest rematerializations.
 
 Why intervals and one cumulative (as Moccasin does) rather than Checkmate's
 :math:`O(N^2)` stage-by-value booleans: the recompute positions are the only freedom in
@@ -52,6 +68,16 @@ the value's own interval), so every solution maps to a canonical plan whose chec
 is no higher than the model's. Positions are pinned to the canonical anchor: an earlier
 recompute of w would end what w reads earlier (:math:`L_u \ge P_w`), a schedule that the
 canonical plan does not run, and the model would undercount its peak.
+
+Why a copy runs beside whole steps (as POFO and OffMate model it) rather than on a
+continuous time axis: the memory model is indexed by steps, so a copy that frees or
+claims memory at step boundaries keeps one cumulative over steps; a continuous transfer
+schedule would need start times that depend on every recomputation before them. The
+price is granularity: a copy hides under one step's compute, not a run of short steps,
+so the exposed time is an upper bound where steps are short. Each copy may run beside the
+step next to its use (no memory held longer) or one of the few longest steps of its
+window (``TRANSFER_CHOICES``): a long step is where a copy hides, and a handful of
+choices per value keeps the model linear in the graph.
 
 With ``minimize_peak`` the capacity becomes a variable and the objective; that is how an
 infeasible budget is explained by the smallest feasible one.
