@@ -106,6 +106,7 @@ def capture(
                 time=sum(costs[n].recompute_time for n in group),
                 flops=sum(costs[n].flops for n in group),
                 recomputable=_recomputable(group, costs),
+                offloadable=_offloadable(group, costs),
                 resident=_is_primal(head) or _is_fwd_seed_offset(head),
                 keep=any(n in kept for n in group),
             )
@@ -160,11 +161,32 @@ def _recomputable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
             return False
         if n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE:
             return False
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and (
-            n.target._schema.is_mutable
-        ):
+        if _mutates(n):
             return False
     return True
+
+
+def _offloadable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
+    """The owner is one dense tensor spanning the whole storage, and the rest of the value
+    are views of it: then a host copy of the owner stands in for the value, and the
+    backward re-derives the views it reads from the copy (views cost nothing). A
+    multi-output op's storage is several tensors: not one copy."""
+    owner = group[0]
+    val = owner.meta.get("val")
+    return (
+        owner.op == "call_function"
+        and isinstance(val, torch.Tensor)
+        and val.layout is torch.strided
+        and val.is_contiguous()
+        and val.numel() * val.element_size() == costs[owner].nbytes
+        and not any(_mutates(n) for n in group)
+    )
+
+
+def _mutates(n: fx.Node) -> bool:
+    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and (
+        n.target._schema.is_mutable
+    )
 
 
 def _op_name(n: fx.Node) -> str:

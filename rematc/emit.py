@@ -8,14 +8,21 @@ Invariants of :func:`emit`:
 * every FX node of a RECOMPUTE value that the backward reads is copied into the backward,
   placed right before its first use, in dependency order; nothing else from the forward
   is copied, which :func:`verify` checks;
+* every OFFLOAD value is saved as a host copy: the forward starts the copy after its last
+  forward use and waits for it (freeing the device tensor) after the plan's ``offload_at``
+  step; the backward starts the copy back before the plan's ``reload_at`` step and waits
+  for it just before the first use (:mod:`rematc.offload`);
 * no pass runs CSE across the two graphs afterwards, so the backward's copies are never
   merged back into saved values.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 import torch.fx as fx
 from torch._functorch._aot_autograd.graph_compile import is_opaque_node
 from torch._functorch.compile_utils import raise_getitems
@@ -28,7 +35,8 @@ from torch._functorch.partitioners import (
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from rematc.capture import Captured
-from solvers import Decision, Plan
+from rematc.offload import OFFLOAD, RELOAD, WAIT
+from solvers import Decision, Plan, Transfer
 
 
 class EmitError(RuntimeError):
@@ -41,6 +49,7 @@ class Emitted:
     backward: fx.GraphModule
     saved: tuple[str, ...]  # FX names of the saved tensors, in order
     recomputed: tuple[str, ...]  # FX names of forward nodes copied into the backward
+    offloaded: tuple[str, ...] = ()  # FX names of the saved tensors kept in host memory
 
 
 def emit(
@@ -62,6 +71,12 @@ def emit(
     saved_sym = [n for n in saved_all if is_sym_node(n)]
     saved_opaque = [n for n in saved_all if is_opaque_node(n)]
     saved = [n for n in saved_all if not is_sym_node(n) and not is_opaque_node(n)]
+    # An offloaded value crosses as one tensor, its owner; the backward re-derives the
+    # views of it that it reads (free: views move no data).
+    for t in plan.transfers:
+        group = captured.groups[t.node]
+        at = min(k for k, n in enumerate(saved) if n in group)
+        saved = [*saved[:at], group[0], *(n for n in saved[at:] if n not in group)]
     info = classify_nodes(joint, static_lifetime_input_indices, num_fwd_outputs)
     fw, bw = _extract_fwd_bwd_modules(
         joint,
@@ -73,13 +88,68 @@ def emit(
     )
     bw = reordering_to_mimic_autograd_engine(bw)
     fw, bw = raise_getitems(fw), raise_getitems(bw)
-    emitted = Emitted(
+    offloaded = [captured.groups[t.node][0].name for t in plan.transfers]
+    for t, name in zip(plan.transfers, offloaded, strict=True):
+        emit_offload(fw, bw, captured, t, name)
+    for gm in (fw, bw):
+        gm.recompile()
+    return Emitted(
         forward=fw,
         backward=bw,
         saved=tuple(n.name for n in saved),
         recomputed=tuple(sorted(n.name for n in recompute)),
+        offloaded=tuple(offloaded),
     )
-    return emitted
+
+
+def emit_offload(fw: fx.GraphModule, bw: fx.GraphModule, captured: Captured, t: Transfer,
+                 name: str) -> None:
+    """Rewrite the saved tensor ``name`` into a host copy and its reload (module docstring).
+
+    Positions follow the plan where the graphs allow: after the last forward node of step
+    ``offload_at`` and before the first backward node of step ``reload_at``; a position
+    that would break the data flow falls back to the nearest one that does not."""
+    fwd = {n.name: n for n in fw.graph.nodes}
+    x = fwd[name]
+    order = {n: k for k, n in enumerate(fw.graph.nodes)}
+    # The copy starts after the last forward read of any view of x.
+    members = [fwd[n.name] for n in captured.groups[t.node] if n.name in fwd]
+    uses = [u for m in members for u in m.users if u.op != "output"]
+    issue_after = max([x, *members, *uses], key=order.__getitem__)
+    step_nodes = [fwd[n.name] for n in captured.groups[t.offload_at] if n.name in fwd]
+    wait_after = max([issue_after, *step_nodes], key=order.__getitem__)
+    val = x.meta.get("val")
+    device = val.device if isinstance(val, torch.Tensor) else torch.device("cpu")
+    with fw.graph.inserting_after(issue_after):
+        host = fw.graph.call_function(OFFLOAD, (x,))
+    with fw.graph.inserting_after(wait_after if wait_after is not issue_after else host):
+        saved = fw.graph.call_function(WAIT, (host, x))
+    host.meta["val"] = saved.meta["val"] = _fake(OFFLOAD, val)
+    output = fw.graph.find_nodes(op="output")[0]
+    output.args = fx.node.map_arg(output.args, lambda a: saved if a is x else a)
+
+    bwd = {n.name: n for n in bw.graph.nodes}
+    placeholder = bwd[name]
+    order = {n: k for k, n in enumerate(bw.graph.nodes)}
+    first_use = min(placeholder.users, key=order.__getitem__)
+    step_nodes = [bwd[n.name] for n in captured.groups[t.reload_at] if n.name in bwd]
+    start_before = min([first_use, *step_nodes], key=order.__getitem__)
+    with bw.graph.inserting_before(start_before):
+        copy = bw.graph.call_function(RELOAD, (placeholder, device))
+    with bw.graph.inserting_before(first_use):
+        ready = bw.graph.call_function(WAIT, (copy, placeholder))
+    placeholder.replace_all_uses_with(ready, delete_user_cb=lambda u: u not in (copy, ready))
+    placeholder.meta["val"] = host.meta["val"]
+    copy.meta["val"] = ready.meta["val"] = val
+
+
+def _fake(op: Any, val: Any) -> Any:
+    """``op``'s fake result for a fake input (metadata for the compilers downstream)."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    mode = torch._guards.detect_fake_mode([val])
+    with mode if mode is not None else nullcontext():
+        return op(val)
 
 
 def recomputed_nodes(captured: Captured, plan: Plan) -> set[fx.Node]:
@@ -99,30 +169,68 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
     * every node is defined before it is used, in both graphs (FX lint);
     * the backward contains a copy of exactly the planned recomputations that it reads,
       and no other forward node;
-    * each copy calls the same op with the same arguments as its original.
+    * each copy calls the same op with the same arguments as its original;
+    * every offloaded tensor is copied out once and waited for once in the forward, which
+      saves the host copy instead of it, and copied back once in the backward, waited
+      for before every other use (:func:`verify_offload`).
     """
     for gm in (emitted.forward, emitted.backward):
         gm.graph.lint()
     fwd_names = {n.name for n in captured.forward}
-    planned = set(emitted.recomputed)
+    planned = set(emitted.recomputed) | {
+        n.name for t in plan.transfers for n in captured.groups[t.node][1:]
+    }
     joint_by_name = {n.name: n for n in joint.graph.nodes}
     placeholders = {n.name for n in emitted.backward.graph.find_nodes(op="placeholder")}
+    # A recomputation that reads an offloaded tensor reads the wait for its copy back.
+    reloaded = {w.name: w.args[1].name for w in emitted.backward.graph.nodes
+                if w.target is WAIT and isinstance(w.args[1], fx.Node)}
     for n in emitted.backward.graph.nodes:
         if n.op != "call_function" or n.name not in fwd_names or n.name in placeholders:
+            continue
+        if n.target in (OFFLOAD, RELOAD, WAIT):
             continue
         if n.name not in planned:
             raise EmitError(f"backward recomputes {n.format_node()}, which the plan saves")
         original = joint_by_name[n.name]
-        if n.target is not original.target or _arg_names(n) != _arg_names(original):
+        if n.target is not original.target or _arg_names(n, reloaded) != _arg_names(original):
             raise EmitError(
                 f"recomputed {n.format_node()} differs from its original {original.format_node()}"
             )
+    verify_offload(emitted)
     for name in emitted.saved:
         node = joint_by_name[name]
         if not _is_primal(node) and node not in captured.forward:
             raise EmitError(f"saved value {name} is not computed by the forward")
 
 
-def _arg_names(n: fx.Node) -> str:
-    """The node's arguments with nodes replaced by their names (copies keep the names)."""
-    return repr(fx.node.map_arg((n.args, n.kwargs), lambda a: a.name))
+def verify_offload(emitted: Emitted) -> None:
+    """The offload pattern of :mod:`rematc.offload`, exactly once per offloaded tensor."""
+    fw, bw = emitted.forward.graph, emitted.backward.graph
+    fwd = {n.name: n for n in fw.nodes}
+    outputs = set(fw.find_nodes(op="output")[0].all_input_nodes)
+    for name in emitted.offloaded:
+        x = fwd[name]
+        copies = [u for u in x.users if u.target is OFFLOAD]
+        waits = [u for u in x.users if u.target is WAIT]
+        if len(copies) != 1 or len(waits) != 1 or waits[0].args[0] is not copies[0]:
+            raise EmitError(f"forward: {name} needs one copy out and one wait for it, has "
+                            f"{len(copies)} and {len(waits)}")
+        if x in outputs or waits[0] not in outputs:
+            raise EmitError(f"forward: {name} must be saved as its host copy, not itself")
+    placeholders = {n.name: n for n in bw.find_nodes(op="placeholder")}
+    for name in emitted.offloaded:
+        host = placeholders[name]
+        copies = [u for u in host.users if u.target is RELOAD]
+        waits = [u for u in host.users if u.target is WAIT]
+        others = [u for u in host.users if u not in copies and u not in waits]
+        if len(copies) != 1 or len(waits) != 1 or waits[0].args[0] is not copies[0] or others:
+            raise EmitError(f"backward: {name} needs exactly one copy back and one wait, read "
+                            f"by nothing else; has {len(copies)}, {len(waits)} and {len(others)}")
+
+
+def _arg_names(n: fx.Node, renamed: dict[str, str] | None = None) -> str:
+    """The node's arguments with nodes replaced by their names (copies keep the names;
+    ``renamed`` maps a stand-in's name to the original's)."""
+    renamed = renamed or {}
+    return repr(fx.node.map_arg((n.args, n.kwargs), lambda a: renamed.get(a.name, a.name)))

@@ -34,7 +34,12 @@ class Options:
     # CP-SAT limits: 60 s, and stop once the plan is provably within 1% of the step's
     # time of the best; a time-out still returns the best plan found.
     solver: SolverConfig = DEFAULT_SOLVER
-    # Check the emitted graphs against the plan (use-after-def, exact recompute set).
+    # Bytes/s each way between device and host memory, for offload decisions; None takes
+    # the device profile's (0 on the CPU, where host memory is the device's own: set it
+    # there only to exercise offload plans). 0 turns offloading off.
+    host_bandwidth: float | None = None
+    # Check the emitted graphs against the plan (use-after-def, exact recompute set,
+    # one copy back per offload before its first use).
     verify: bool = True
     # Directory of the on-disk plan cache (rematc.plancache): a path, "auto"
     # ($REMATC_CACHE_DIR, else ~/.cache/rematc; resolved when a plan is cached, not at
@@ -48,6 +53,12 @@ class Options:
             raise ValueError(
                 f"option 'device' must be one of {sorted(PROFILES)} or a DeviceProfile, "
                 f"got {self.device!r}"
+            )
+        bw = self.host_bandwidth
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
+                               or not math.isfinite(bw) or bw < 0):
+            raise ValueError(
+                f"option 'host_bandwidth' must be a number of bytes/s >= 0 or None, got {bw!r}"
             )
         if not isinstance(self.verify, bool):
             raise ValueError(f"option 'verify' must be True or False, got {self.verify!r}")
@@ -66,7 +77,7 @@ class Options:
     def from_mapping(options: Mapping[str, Any] | None) -> Options:
         """From ``torch.compile(..., options={...})`` or keyword arguments.
 
-        Keys: budget, compiler, device, verify, cache_dir, and the solver's time_limit
+        Keys: budget, compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at) and step_gap
         (stop once provably within this fraction of the step's time of the best plan).
         """

@@ -405,11 +405,16 @@ _FALLBACK_LOGGED: set[str] = set()
 
 
 def device_of(gm: fx.GraphModule, options: Options) -> DeviceProfile:
-    """The configured profile, else a guess from the device of the graph's inputs."""
+    """The configured profile, else a guess from the device of the graph's inputs; the
+    option ``host_bandwidth`` overrides the profile's host link."""
+    profile = profile_for(options.device)
     for n in gm.graph.find_nodes(op="placeholder"):
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
             kind = val.device.type
             name = torch.cuda.get_device_name(val.device) if kind == "cuda" else ""
-            return profile_for(options.device, device_type=kind, device_name=name)
-    return profile_for(options.device)
+            profile = profile_for(options.device, device_type=kind, device_name=name)
+            break
+    if options.host_bandwidth is not None:
+        profile = replace(profile, host_bandwidth=float(options.host_bandwidth))
+    return profile

@@ -1,0 +1,85 @@
+"""The ops an offload plan emits: copy to host, copy back, wait.
+
+Why our own ops rather than PyTorch 2.13's ``ao::offload`` / ``ao::reload`` /
+``ao::wait_tensor`` (``torch/_functorch/_activation_offloading``) directly: those are the
+right CUDA mechanics (a transfer stream, pinned host buffers from a pool, completion
+events, and a wait that frees the source storage), and on an accelerator our ops call
+them. But they need ``torch.accelerator`` and fail on a CPU-only build, and PyTorch's pass
+that places them decides neither *what* is offloaded nor *where* the copies run (it hoists
+reloads by its own estimate). Our ops run everywhere: on the CPU a "host copy" is a plain
+copy in the same memory, so an offload plan still emits, runs and is tested for
+gradients on a machine without a GPU, while its placement is the plan's.
+
+Emitted pattern for an offloaded value ``x`` (see :func:`rematc.emit.emit`)::
+
+    forward:  h = rematc.offload(x)        after x's last forward use
+              h = rematc.wait(h, x)        after the plan's offload_at step; frees x
+              ... h is saved for the backward instead of x
+    backward: d = rematc.reload(h, device) before the plan's reload_at step
+              d = rematc.wait(d, h)        just before d's first use
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.node import has_side_effect
+
+_lib = torch.library.Library("rematc", "DEF")
+# The wait returns its first argument (an alias, like ao::wait_tensor), so it cannot be
+# a torch.library.custom_op, which forbids aliasing outputs.
+_lib.define("wait(Tensor(a) tensor, Tensor keepalive) -> Tensor(a)")
+
+
+def _on_accelerator(t: torch.Tensor) -> bool:
+    return t.device.type not in ("cpu", "meta")
+
+
+@torch.library.custom_op("rematc::offload", mutates_args=())
+def offload(tensor: torch.Tensor) -> torch.Tensor:
+    """Start copying ``tensor`` to host memory (pinned, on a transfer stream on CUDA)."""
+    if _on_accelerator(tensor):
+        from torch._functorch._activation_offloading import offload_ops  # noqa: F401  (registers ao::)
+
+        return torch.ops.ao.offload(tensor)
+    return tensor.clone()
+
+
+@offload.register_fake
+def _(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+
+
+@torch.library.custom_op("rematc::reload", mutates_args=())
+def reload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Start copying host ``tensor`` back to ``device``."""
+    if device.type not in ("cpu", "meta"):
+        from torch._functorch._activation_offloading import offload_ops  # noqa: F401
+
+        return torch.ops.ao.reload(tensor, device, list(tensor.shape), list(tensor.stride()))
+    return tensor.clone()
+
+
+@reload.register_fake
+def _(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+
+
+@torch.library.impl("rematc::wait", "CompositeExplicitAutograd")
+def _wait(tensor: torch.Tensor, keepalive: torch.Tensor) -> torch.Tensor:
+    """Wait for the copy that made ``tensor``, then free ``keepalive`` (its source) where
+    a copy engine was involved; on the CPU the source dies with its last use."""
+    if _on_accelerator(tensor) or _on_accelerator(keepalive):
+        return torch.ops.ao.wait_tensor.default(tensor, keepalive)
+    return tensor
+
+
+@torch.library.register_fake("rematc::wait")
+def _wait_fake(tensor: torch.Tensor, keepalive: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+has_side_effect(torch.ops.rematc.wait.default)  # never dead code: it frees the source
+
+OFFLOAD = torch.ops.rematc.offload.default
+RELOAD = torch.ops.rematc.reload.default
+WAIT = torch.ops.rematc.wait.default
