@@ -1,0 +1,161 @@
+"""Offload plans end to end on the CPU (host-to-host copies): the same loss, gradients and
+buffers as eager, the expected ops in the emitted graphs, and random plans that mix all
+three decisions over the transformer and the CNN."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch._dynamo.backends.common import aot_autograd
+
+import rematc
+import rematc.partition
+from rematc.backend import _boxed_eager
+from rematc.emit import EmitError, verify_offload
+from rematc.offload import OFFLOAD, RELOAD, WAIT
+from rematc.options import Options
+from rematc.partition import Planned, RematPartitioner
+from solvers import Decision, PlanError, Problem, SolveResult, Status, check, plan_from_decisions
+from solvers.plan import needed_values
+from tests.helpers import MODELS, StepResult, assert_same_step, run_step
+
+# Copies this fast are free, so any budget the plain peak exceeds is met by offloading.
+FAST_LINK = 1e13
+EAGER_TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+class Spy(RematPartitioner):
+    """The partitioner, keeping the graphs it emits."""
+
+    graphs: list[tuple[fx.GraphModule, fx.GraphModule]]
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+        fw, bw = super().__call__(gm, joint_inputs, **kw)
+        self.graphs.append((fw, bw))
+        return fw, bw
+
+
+def compiled_step(name: str, **options: Any) -> tuple[StepResult, StepResult, Spy]:
+    """One eager step and one step compiled with rematc's partitioner (eager codegen)."""
+    model, inputs = MODELS[name]()
+    reference = run_step(model, model, inputs)
+    model, inputs = MODELS[name]()
+    spy = Spy(Options.from_mapping({"compiler": "eager", **options}))
+    spy.graphs = []
+    backend = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=spy,
+                           keep_inference_input_mutations=True)  # as rematc's eager route
+    result = run_step(model, torch.compile(model, backend=backend), inputs)
+    return reference, result, spy
+
+
+def count(gm: fx.GraphModule, op: object) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is op)
+
+
+@pytest.mark.parametrize(("name", "budget"), [("gpt", 0.8), ("cnn", 0.8)])
+def test_offload_plan_matches_eager_and_emits_one_copy_pair_per_value(name: str, budget: float) -> None:
+    reference, result, spy = compiled_step(name, budget=budget, host_bandwidth=FAST_LINK)
+    assert_same_step(reference, result, **EAGER_TOL)
+    record = rematc.records()[-1]
+    assert record.plan is not None
+    offloaded = record.plan.of(Decision.OFFLOAD)
+    assert offloaded, "with free copies, a budget below the plain peak is met by offloading"
+    fw, bw = spy.graphs[-1]
+    assert (count(fw, OFFLOAD), count(fw, WAIT)) == (len(offloaded), len(offloaded))
+    assert (count(bw, RELOAD), count(bw, WAIT)) == (len(offloaded), len(offloaded))
+    names = {record.problem.nodes[v].name for v in offloaded}
+    saved = {a.name for a in fw.graph.find_nodes(op="output")[0].all_input_nodes}
+    assert not names & saved, "an offloaded tensor is saved as its host copy, not itself"
+
+
+def test_without_a_host_link_nothing_is_offloaded() -> None:
+    reference, result, spy = compiled_step("gpt", budget=0.8)
+    assert_same_step(reference, result, **EAGER_TOL)
+    plan = rematc.records()[-1].plan
+    assert plan is not None and not plan.of(Decision.OFFLOAD)
+    fw, bw = spy.graphs[-1]
+    assert count(fw, OFFLOAD) == count(bw, RELOAD) == 0
+
+
+def test_verify_rejects_a_missing_wait() -> None:
+    _, _, spy = compiled_step("gpt", budget=0.8, host_bandwidth=FAST_LINK)
+    record = rematc.records()[-1]
+    fw, bw = spy.graphs[-1]
+    emitted = rematc.emit.Emitted(fw, bw, record.saved, record.recomputed,
+                                  offloaded=tuple(n.name for n in fw.graph.nodes
+                                                  if any(u.target is OFFLOAD for u in n.users)))
+    verify_offload(emitted)  # as emitted: fine
+    wait = next(n for n in bw.graph.nodes if n.target is WAIT)
+    wait.replace_all_uses_with(wait.args[0])
+    bw.graph.erase_node(wait)
+    with pytest.raises(EmitError, match="needs exactly one copy back and one wait"):
+        verify_offload(emitted)
+
+
+# ---- random plans ----------------------------------------------------------------------
+
+
+def random_plan(problem: Problem, rng: random.Random) -> SolveResult:
+    """A random valid plan: each candidate saved, recomputed or offloaded where allowed,
+    decisions kept only for what the backward then reads, offloads it cannot place saved."""
+    choice: dict[int, Decision] = {}
+    for v in problem.candidates:
+        node = problem.nodes[v]
+        fates = [Decision.SAVE]
+        fates += [Decision.RECOMPUTE] if node.recomputable else []
+        fates += [Decision.OFFLOAD] if node.offloadable and problem.host_bandwidth > 0 else []
+        choice[v] = rng.choice(fates)
+    while True:  # drop decisions nothing reads any more, until nothing changes
+        rec = {v for v, d in choice.items() if d is Decision.RECOMPUTE}
+        needed = needed_values(problem, rec)
+        kept = {v: d for v, d in choice.items() if v in needed}
+        if kept == choice:
+            break
+        choice = kept
+    for v in sorted(choice):
+        if choice[v] is not Decision.OFFLOAD:
+            continue
+        try:
+            check(problem, plan_from_decisions(problem, choice))
+        except PlanError:
+            choice[v] = Decision.SAVE  # no step to copy it beside
+    plan = plan_from_decisions(problem, choice)
+    report = check(problem, plan)
+    return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
+                       bound=0.0, wall_time=0.0, solver="random")
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["gpt", "cnn"]), seed=st.integers(0, 2**32 - 1))
+def test_random_plans_match_eager(name: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    decided: list[dict[Decision, int]] = []
+
+    def plan_for(problem: Problem, options: Options) -> Planned:
+        result = random_plan(problem, random.Random(seed))
+        assert result.plan is not None
+        decided.append({d: len(result.plan.of(d)) for d in Decision})
+        return Planned(result, cached=False)
+
+    monkeypatch.setattr(rematc.partition, "plan_for", plan_for)
+    torch._dynamo.reset()
+    reference, result, _ = compiled_step(name, host_bandwidth=FAST_LINK)
+    assert decided, "the partitioner did not run"
+    assert_same_step(reference, result, **EAGER_TOL)
+
+
+@pytest.mark.inductor
+def test_offload_plan_under_inductor_matches_eager(same_random_as_eager: None) -> None:
+    model, inputs = MODELS["gpt"]()
+    reference = run_step(model, model, inputs)
+    model, inputs = MODELS["gpt"]()
+    compiled = rematc.compile(model, budget=0.8, host_bandwidth=FAST_LINK)
+    result = run_step(model, compiled, inputs)
+    plan = rematc.records()[-1].plan
+    assert plan is not None and plan.of(Decision.OFFLOAD)
+    assert_same_step(reference, result, rtol=1e-4, atol=1e-5)
