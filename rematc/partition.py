@@ -247,14 +247,14 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
     ``fuses``: the emitted graphs go to Inductor (recomputed pointwise ops fuse)."""
     joint = prepare(gm)
     shape_env = shape_env_of(joint)
-    # Costs are estimates at the size hints: reading a symbolic size must not guard the
-    # graph to this one shape (bound_dynamic_sizes says which shapes a plan serves).
+    # Costs and layout checks are at the size hints: reading a symbolic size must not guard
+    # the graph to this one shape (bound_dynamic_sizes says which shapes a plan serves).
     with shape_env.suppress_guards() if shape_env is not None else nullcontext():
         costs = annotate(joint, device, fuses=fuses)
+        captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
+                           static_lifetime_input_indices=static,
+                           host_bandwidth=device.host_bandwidth, name=name)
     warn_fallback_costs(costs, joint)
-    captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
-                       static_lifetime_input_indices=static,
-                       host_bandwidth=device.host_bandwidth, name=name)
     return joint, captured
 
 
