@@ -105,7 +105,15 @@ def _why(problem: Problem, plan: Plan, i: int, d: Decision, *, at_peak: bool,
             return f"expensive to recompute: {n.flops:.3g} FLOPs for {n.size} B"
         return "recomputing it would also need what it reads: saving is cheaper"
     if d is Decision.OFFLOAD:
-        return "copied to host after the forward and back before its first backward use"
+        t = plan.transfer(i)
+        if t is None:
+            return "copied to host after its last forward use, back before its first backward use"
+        # A step hides its copies when they all fit in its compute (checker's time model).
+        load = {k: sum(problem.transfer_time(o.node) for o in plan.transfers
+                       if k in (o.offload_at, o.reload_at)) for k in (t.offload_at, t.reload_at)}
+        hidden = all(load[k] <= problem.nodes[k].time for k in load)
+        return (f"copied to host beside step {t.offload_at} and back beside step {t.reload_at}"
+                f" ({'hidden under their compute' if hidden else 'partly exposed'})")
     readers = [u for u in problem.forward_users[i] if plan.decisions.get(u) is Decision.RECOMPUTE]
     if not problem.backward_uses[i] and readers:
         names = ", ".join(problem.nodes[u].name for u in readers[:3])
