@@ -115,7 +115,7 @@ class Model:
     R: dict[int, cp_model.IntVar] = field(default_factory=dict)
     P: dict[int, cp_model.IntVar] = field(default_factory=dict)
     L: dict[int, cp_model.IntVar] = field(default_factory=dict)
-    O: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    O: dict[int, cp_model.IntVar] = field(default_factory=dict)  # noqa: E741  (the math's O_v)
     X: dict[int, cp_model.IntVar] = field(default_factory=dict)
     Y: dict[int, cp_model.IntVar] = field(default_factory=dict)
     out_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)  # v -> k -> bool
@@ -132,11 +132,11 @@ class Model:
 
     def remat(self, v: int) -> cp_model.LinearExprT:
         """R_v + O_v: v is rematerialized in the backward (recomputed or reloaded)."""
-        return self.R[v] + self.O[v] if v in self.O else self.R[v]
+        return cp_model.LinearExpr.sum([self.R[v], self.O[v]]) if v in self.O else self.R[v]
 
     def kept(self, v: int) -> cp_model.LinearExprT:
         """S_v + R_v + O_v: v is available to the backward, whatever its fate."""
-        return self.S[v] + self.remat(v)
+        return cp_model.LinearExpr.sum([self.S[v], self.remat(v)])
 
 
 def build(problem: Problem, *, minimize_peak: bool = False) -> Model:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import solvers.cpsat
 from solvers import (
     Decision,
     InfeasibleBudgetError,
@@ -32,12 +33,11 @@ from solvers import (
     save_all,
     solve,
 )
-import solvers.cpsat
 from solvers.plan import rematerialize_anchors
 from solvers.problem import chain_problem, node
 from tests.graphs import P, chain, deep, diamond, offload_graph
 
-S, R, O = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
+S, R, O = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD  # noqa: E741  (as in the math)
 CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
 REL = 1e-6  # objectives agree to this relative tolerance (times are scaled to integers)
 
@@ -83,7 +83,7 @@ def brute_force(problem: Problem) -> list[Outcome]:
         ]
         for steps in itertools.product(*windows):
             try:
-                report = check(problem, plan_from_decisions(problem, decisions, dict(zip(offloaded, steps))))
+                report = check(problem, plan_from_decisions(problem, decisions, dict(zip(offloaded, steps, strict=True))))
             except PlanError:
                 continue
             out.append(Outcome(report.peak, report.added_time, decisions))
