@@ -91,8 +91,9 @@ def emit(
     offloaded = [captured.groups[t.node][0].name for t in plan.transfers]
     for t, name in zip(plan.transfers, offloaded, strict=True):
         emit_offload(fw, bw, captured, t, name)
-    for gm in (fw, bw):
-        gm.recompile()
+    if offloaded:  # the graphs changed after extraction generated their code
+        for gm in (fw, bw):
+            gm.recompile()
     return Emitted(
         forward=fw,
         backward=bw,

@@ -81,15 +81,21 @@ def check(problem: Problem, plan: Plan) -> Report:
     )
 
 
-def exposed_transfer_time(problem: Problem, plan: Plan) -> float:
-    """Seconds of copies to and from the host that no compute hides:
-    sum_k max(0, out_k - c_k, in_k - c_k)."""
+def transfer_loads(problem: Problem, plan: Plan) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds of copies to the host and back that run beside each step."""
     out: dict[int, float] = {}
     back: dict[int, float] = {}
     for t in plan.transfers:
         seconds = problem.transfer_time(t.node)
         out[t.offload_at] = out.get(t.offload_at, 0.0) + seconds
         back[t.reload_at] = back.get(t.reload_at, 0.0) + seconds
+    return out, back
+
+
+def exposed_transfer_time(problem: Problem, plan: Plan) -> float:
+    """Seconds of copies to and from the host that no compute hides:
+    sum_k max(0, out_k - c_k, in_k - c_k)."""
+    out, back = transfer_loads(problem, plan)
     return sum(
         max(0.0, out.get(k, 0.0) - problem.nodes[k].time, back.get(k, 0.0) - problem.nodes[k].time)
         for k in sorted(out.keys() | back.keys())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solvers.checker import Report
+from solvers.checker import Report, transfer_loads
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -109,9 +109,9 @@ def _why(problem: Problem, plan: Plan, i: int, d: Decision, *, at_peak: bool,
         if t is None:
             return "copied to host after its last forward use, back before its first backward use"
         # A step hides its copies when they all fit in its compute (checker's time model).
-        load = {k: sum(problem.transfer_time(o.node) for o in plan.transfers
-                       if k in (o.offload_at, o.reload_at)) for k in (t.offload_at, t.reload_at)}
-        hidden = all(load[k] <= problem.nodes[k].time for k in load)
+        out, back = transfer_loads(problem, plan)
+        hidden = (out[t.offload_at] <= problem.nodes[t.offload_at].time
+                  and back[t.reload_at] <= problem.nodes[t.reload_at].time)
         return (f"copied to host beside step {t.offload_at} and back beside step {t.reload_at}"
                 f" ({'hidden under their compute' if hidden else 'partly exposed'})")
     readers = [u for u in problem.forward_users[i] if plan.decisions.get(u) is Decision.RECOMPUTE]

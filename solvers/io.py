@@ -199,22 +199,8 @@ def plan_from_json(data: object) -> Plan:
     for k in decisions:
         if not (k.isascii() and k.isdigit()):
             raise PlanError(f"decisions[{k!r}]: keys are node indices written as strings")
-    schedule = doc.get("schedule", [])
-    if not isinstance(schedule, list):
-        raise PlanError(f"schedule: expected a list of [node, before] pairs, got {_show(schedule)}")
-    for n, step in enumerate(schedule):
-        if not (isinstance(step, list) and len(step) == 2 and all(_is_int(x) for x in step)):
-            raise PlanError(f"schedule[{n}]: expected a [node, before] pair of ints, got {_show(step)}")
-    transfers = doc.get("transfers", [])
-    if not isinstance(transfers, list):
-        raise PlanError(
-            f"transfers: expected a list of [node, offload_at, reload_at] triples, got {_show(transfers)}"
-        )
-    for n, move in enumerate(transfers):
-        if not (isinstance(move, list) and len(move) == 3 and all(_is_int(x) for x in move)):
-            raise PlanError(
-                f"transfers[{n}]: expected a [node, offload_at, reload_at] triple of ints, got {_show(move)}"
-            )
+    schedule = _int_rows(doc, "schedule", ("node", "before"), "pair")
+    transfers = _int_rows(doc, "transfers", ("node", "offload_at", "reload_at"), "triple")
     return Plan.from_json({"decisions": decisions, "schedule": schedule, "transfers": transfers})
 
 
@@ -234,6 +220,18 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 
 
 # ---- shared checks ------------------------------------------------------------------
+
+
+def _int_rows(doc: Mapping[str, object], key: str, fields: tuple[str, ...], row: str) -> list[object]:
+    """``doc[key]`` (default []): a list of ``[field, ...]`` lists of ints, else PlanError."""
+    rows = doc.get(key, [])
+    shape = f"[{', '.join(fields)}]"
+    if not isinstance(rows, list):
+        raise PlanError(f"{key}: expected a list of {shape} {row}s, got {_show(rows)}")
+    for n, r in enumerate(rows):
+        if not (isinstance(r, list) and len(r) == len(fields) and all(_is_int(x) for x in r)):
+            raise PlanError(f"{key}[{n}]: expected a {shape} {row} of ints, got {_show(r)}")
+    return rows
 
 
 def _read_json(path: str | os.PathLike[str], error: type[_E]) -> object:

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch import nn
+from torch._dynamo.backends.common import aot_autograd
 
 import rematc
+from rematc.backend import _boxed_eager
 from rematc.models import (
     CNNConfig,
     GPTConfig,
@@ -20,6 +23,8 @@ from rematc.models import (
     make_inplace,
     make_mlp,
 )
+from rematc.options import Options
+from rematc.partition import RematPartitioner
 from solvers import InfeasibleBudgetError
 
 # Small but not trivial: activations dominate the step, so budgets have room to bite.
@@ -93,3 +98,26 @@ def assert_same_step(reference: StepResult, result: StepResult, *, rtol: float, 
     for key, expected in reference.buffers.items():
         torch.testing.assert_close(result.buffers[key], expected, rtol=rtol, atol=atol,
                                    msg=lambda m, k=key: f"buffer {k}: {m}")
+
+
+class Spy(RematPartitioner):
+    """The partitioner, keeping the graphs it emits."""
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self.graphs: list[tuple[fx.GraphModule, fx.GraphModule]] = []
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
+        fw, bw = super().__call__(gm, joint_inputs, **kw)
+        self.graphs.append((fw, bw))
+        return fw, bw
+
+
+def spy_step(name: str, **options: Any) -> tuple[StepResult, Spy]:
+    """One step of a fresh ``MODELS[name]`` compiled with rematc's partitioner on the eager
+    route, keeping the emitted graphs."""
+    spy = Spy(Options.from_mapping({"compiler": "eager", **options}))
+    backend = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=spy,
+                           keep_inference_input_mutations=True)  # as rematc's eager route
+    model, inputs = MODELS[name]()
+    return run_step(model, torch.compile(model, backend=backend), inputs), spy

@@ -11,6 +11,8 @@ smallest peak.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import pytest
@@ -47,14 +49,23 @@ REL = 1e-6  # objectives agree to this relative tolerance (times are scaled to i
 # ---- brute force ----------------------------------------------------------------------
 
 
+@contextmanager
+def transfer_choices(n: int) -> Iterator[None]:
+    """CP-SAT considers ``n`` steps for each copy of an offload within the block."""
+    default = solvers.cpsat.TRANSFER_CHOICES
+    solvers.cpsat.TRANSFER_CHOICES = n
+    try:
+        yield
+    finally:
+        solvers.cpsat.TRANSFER_CHOICES = default
+
+
 @pytest.fixture(autouse=True, scope="module")
-def every_transfer_step():
+def every_transfer_step() -> Iterator[None]:
     """Let CP-SAT consider every step for an offload's copies, as the brute force does
     (by default it considers the few longest; see test_default_transfer_choices_*)."""
-    default = solvers.cpsat.TRANSFER_CHOICES
-    solvers.cpsat.TRANSFER_CHOICES = 1000
-    yield
-    solvers.cpsat.TRANSFER_CHOICES = default
+    with transfer_choices(1000):
+        yield
 
 
 class Outcome(NamedTuple):
@@ -312,11 +323,8 @@ def test_default_transfer_choices_give_a_valid_plan_no_better_than_brute_force()
     """With the default few steps per copy (not every step), the plan is still one the
     checker accepts, and never claims to beat the exhaustive optimum."""
     p = offload_graph(host_bandwidth=2.0).with_budget(7)
-    solvers.cpsat.TRANSFER_CHOICES = 1
-    try:
+    with transfer_choices(1):
         result = solve(p, CFG)
-    finally:
-        solvers.cpsat.TRANSFER_CHOICES = 1000
     assert result.plan is not None and check(p, result.plan).fits
     assert result.objective >= cheapest(brute_force(p), 7)
 

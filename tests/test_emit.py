@@ -3,35 +3,19 @@ the forward returns exactly what it saves."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 import torch.fx as fx
-from torch._dynamo.backends.common import aot_autograd
 
 import rematc
-from rematc.backend import _boxed_eager
-from rematc.options import Options
-from rematc.partition import RematPartitioner
 from solvers import Decision
-from tests.helpers import MODELS, smallest_feasible_budget
+from tests.helpers import smallest_feasible_budget, spy_step
 
 
 def partition(name: str, budget: object) -> tuple[fx.GraphModule, fx.GraphModule, rematc.PartitionRecord]:
-    graphs: dict[str, fx.GraphModule] = {}
-
-    class Spy(RematPartitioner):
-        def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
-            fw, bw = super().__call__(gm, joint_inputs, **kw)
-            graphs["fw"], graphs["bw"] = fw, bw
-            return fw, bw
-
-    spy = Spy(Options.from_mapping({"budget": budget, "compiler": "eager"}))
-    backend = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=spy)
-    model, inputs = MODELS[name]()
-    torch.compile(model, backend=backend)(*inputs).backward()
-    return graphs["fw"], graphs["bw"], rematc.records()[-1]
+    _, spy = spy_step(name, budget=budget)
+    fw, bw = spy.graphs[-1]
+    return fw, bw, rematc.records()[-1]
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp"])

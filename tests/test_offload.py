@@ -12,45 +12,27 @@ import torch
 import torch.fx as fx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch._dynamo.backends.common import aot_autograd
 
 import rematc
 import rematc.partition
-from rematc.backend import _boxed_eager
 from rematc.emit import EmitError, verify_offload
 from rematc.offload import OFFLOAD, RELOAD, WAIT
 from rematc.options import Options
-from rematc.partition import Planned, RematPartitioner
+from rematc.partition import Planned
 from solvers import Decision, PlanError, Problem, SolveResult, Status, check, plan_from_decisions
 from solvers.plan import needed_values
-from tests.helpers import MODELS, StepResult, assert_same_step, run_step
+from tests.helpers import MODELS, Spy, StepResult, assert_same_step, run_step, spy_step
 
 # Copies this fast are free, so any budget the plain peak exceeds is met by offloading.
 FAST_LINK = 1e13
 EAGER_TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
-class Spy(RematPartitioner):
-    """The partitioner, keeping the graphs it emits."""
-
-    graphs: list[tuple[fx.GraphModule, fx.GraphModule]]
-
-    def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kw: Any) -> Any:
-        fw, bw = super().__call__(gm, joint_inputs, **kw)
-        self.graphs.append((fw, bw))
-        return fw, bw
-
-
 def compiled_step(name: str, **options: Any) -> tuple[StepResult, StepResult, Spy]:
     """One eager step and one step compiled with rematc's partitioner (eager codegen)."""
     model, inputs = MODELS[name]()
     reference = run_step(model, model, inputs)
-    model, inputs = MODELS[name]()
-    spy = Spy(Options.from_mapping({"compiler": "eager", **options}))
-    spy.graphs = []
-    backend = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=spy,
-                           keep_inference_input_mutations=True)  # as rematc's eager route
-    result = run_step(model, torch.compile(model, backend=backend), inputs)
+    result, spy = spy_step(name, **options)
     return reference, result, spy
 
 
