@@ -26,6 +26,7 @@ the exposed time is an upper bound.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from solvers.plan import Decision, Plan, PlanError, needed_values
@@ -40,7 +41,7 @@ class Report:
     added_flops: float
     saved_bytes: int  # bytes kept on the device across the forward/backward boundary
     offloaded_bytes: int
-    n_recomputed: int
+    n_recomputed: int  # recomputations run (a value recomputed twice counts twice)
     n_offloaded: int
     timeline: tuple[int, ...]  # live bytes at each step
     budget: int | None
@@ -65,7 +66,7 @@ def check(problem: Problem, plan: Plan) -> Report:
         live += delta[k]
         timeline.append(live)
     peak = max(timeline, default=0)
-    rec = plan.of(Decision.RECOMPUTE)
+    rec = recomputations(plan)
     off = plan.of(Decision.OFFLOAD)
     return Report(
         peak=peak,
@@ -79,6 +80,11 @@ def check(problem: Problem, plan: Plan) -> Report:
         timeline=tuple(timeline),
         budget=problem.budget,
     )
+
+
+def recomputations(plan: Plan) -> list[int]:
+    """The value of every recomputation the schedule runs (a value recomputed twice, twice)."""
+    return [s.node for s in plan.schedule if plan.decisions.get(s.node) is Decision.RECOMPUTE]
 
 
 def transfer_loads(problem: Problem, plan: Plan) -> tuple[dict[int, float], dict[int, float]]:
@@ -104,61 +110,64 @@ def exposed_transfer_time(problem: Problem, plan: Plan) -> float:
 
 def live_intervals(problem: Problem, plan: Plan) -> list[tuple[int, int, int]]:
     """``(first_step, last_step, bytes)`` for every stretch a value occupies memory."""
+    return [(lo, hi, problem.nodes[i].size)
+            for i, spans in value_intervals(problem, plan).items() for lo, hi in spans]
+
+
+def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, int]]]:
+    """The closed step intervals each value occupies memory over, one per copy.
+
+    A value has one copy per materialization: the op at its own step, then each
+    recomputation (or reload) the schedule runs. Every read is served by the latest copy
+    made before it, and a copy lives from its start to the last read it serves. A read is
+    an op at a later step, or a scheduled recomputation of a value that reads it; a
+    recomputation before step k comes before the op at k, and schedule entries before the
+    same step run in schedule order.
+    """
     end = problem.last_step
-    anchor = {s.node: s.before for s in plan.schedule}
     moves = {t.node: t for t in plan.transfers}
-    # Last backward consumer of each forward value (direct reads and recomputed users).
-    last_bw: dict[int, int] = {}
-    for i in range(problem.n_forward):
-        steps = list(problem.backward_uses[i])
-        steps += [
-            anchor[u]
-            for u in problem.forward_users[i]
-            if plan.decisions.get(u) is Decision.RECOMPUTE
-        ]
-        if steps:
-            last_bw[i] = max(steps)
-    out: list[tuple[int, int, int]] = []
+    Key = tuple[int, int, int]  # (step, 0 for a scheduled entry / 1 for the op, order)
+    copies: dict[int, list[tuple[Key, int]]] = {}  # value -> (made at, first live step)
+    reads: list[list[Key]] = [[] for _ in problem.nodes]
+    for i, node in enumerate(problem.nodes):
+        for d in set(node.deps):
+            reads[d].append((i, 1, 0))
+    for k, s in enumerate(plan.schedule):
+        key = (s.before, 0, k)
+        move = moves.get(s.node)
+        copies.setdefault(s.node, []).append((key, move.reload_at if move else s.before))
+        if plan.decisions.get(s.node) is Decision.RECOMPUTE:
+            for d in set(problem.nodes[s.node].deps):
+                reads[d].append(key)
+    out: dict[int, list[tuple[int, int]]] = {}
     for i, node in enumerate(problem.nodes):
         if node.resident or node.size == 0:
             continue
         if node.keep:
-            out.append((i, end, node.size))
+            out[i] = [(i, end)]
             continue
-        if node.backward:
-            out.append((i, max([i, *problem.users[i]]), node.size))
-            continue
-        fwd_end = problem.last_forward_use[i]
-        decision = plan.decisions.get(i)
-        if decision is Decision.SAVE:
-            fwd_end = max(fwd_end, last_bw[i])
-        elif decision is Decision.RECOMPUTE:
-            out.append((anchor[i], last_bw[i], node.size))
-        elif decision is Decision.OFFLOAD:
-            fwd_end = moves[i].offload_at
-            out.append((moves[i].reload_at, last_bw[i], node.size))
-        out.append((i, fwd_end, node.size))
+        made = [((i, 1, 0), i), *sorted(copies.get(i, ()))]
+        keys = [key for key, _ in made]
+        last = [start for _, start in made]
+        for r in reads[i]:
+            j = bisect.bisect_left(keys, r) - 1  # the latest copy made before the read
+            if j >= 0:
+                last[j] = max(last[j], r[0])
+        if i in moves:  # the device copy lives until its copy to the host has run
+            last[0] = max(last[0], moves[i].offload_at)
+        out[i] = [(start, hi) for (_, start), hi in zip(made, last, strict=True)]
     return out
 
 
 def _validate(problem: Problem, plan: Plan) -> None:
+    if problem.single_phase:
+        _validate_single_phase(problem, plan)
+        return
     f = problem.n_forward
     for i, d in plan.decisions.items():
         if not 0 <= i < f:
             raise PlanError(f"decision for #{i}: only forward values (0..{f - 1}) take decisions")
-        node = problem.nodes[i]
-        if node.resident or node.keep:
-            what = "resident" if node.resident else "kept to the end of the step"
-            raise PlanError(f"{problem.describe(i)} is {what}; it takes no decision")
-        if d is Decision.RECOMPUTE and not node.recomputable:
-            raise PlanError(f"{problem.describe(i)} cannot be recomputed (random or must-save)")
-        if d is Decision.OFFLOAD and problem.host_bandwidth <= 0:
-            raise PlanError(
-                f"{problem.describe(i)} is offloaded but the problem has no host link "
-                "(host_bandwidth is 0)"
-            )
-        if d is Decision.OFFLOAD and not node.offloadable:
-            raise PlanError(f"{problem.describe(i)} cannot be offloaded (a view or not a tensor)")
+        _validate_decision(problem, i, d)
     rec = plan.of(Decision.RECOMPUTE)
     needed = needed_values(problem, rec)
     missing = needed - set(plan.decisions)
@@ -205,6 +214,55 @@ def _validate(problem: Problem, plan: Plan) -> None:
                         f"recomputing {problem.describe(i)} reads {problem.describe(j)}, "
                         "which is not available yet"
                     )
+
+
+def _validate_decision(problem: Problem, i: int, d: Decision) -> None:
+    node = problem.nodes[i]
+    if node.resident or node.keep:
+        what = "resident" if node.resident else "kept to the end of the step"
+        raise PlanError(f"{problem.describe(i)} is {what}; it takes no decision")
+    if d is Decision.RECOMPUTE and not node.recomputable:
+        raise PlanError(f"{problem.describe(i)} cannot be recomputed (random or must-save)")
+    if d is Decision.OFFLOAD and problem.single_phase:
+        raise PlanError(f"{problem.describe(i)} is offloaded, but the problem has no backward "
+                        "to reload it for (offload needs a forward/backward split)")
+    if d is Decision.OFFLOAD and problem.host_bandwidth <= 0:
+        raise PlanError(
+            f"{problem.describe(i)} is offloaded but the problem has no host link "
+            "(host_bandwidth is 0)"
+        )
+    if d is Decision.OFFLOAD and not node.offloadable:
+        raise PlanError(f"{problem.describe(i)} cannot be offloaded (a view or not a tensor)")
+
+
+def _validate_single_phase(problem: Problem, plan: Plan) -> None:
+    """A problem without a backward: any value may be recomputed, as often as the schedule
+    says, before any step after its own; a value without a decision is saved (it lives from
+    its step to its last read). Each read takes the latest copy, so no order within a step
+    is wrong, only more or less costly in memory."""
+    n = len(problem.nodes)
+    for i, d in plan.decisions.items():
+        if not 0 <= i < n:
+            raise PlanError(f"decision for #{i}: no such value (0..{n - 1})")
+        _validate_decision(problem, i, d)
+    if plan.transfers:
+        raise PlanError(f"transfer for #{plan.transfers[0].node}, but the problem has no backward")
+    scheduled: set[int] = set()
+    last_before = 0
+    for k, s in enumerate(plan.schedule):
+        if plan.decisions.get(s.node) is not Decision.RECOMPUTE:
+            raise PlanError(f"schedule step {k} recomputes #{s.node}, which is not recomputed")
+        if not s.node < s.before <= problem.last_step:
+            raise PlanError(
+                f"schedule step {k} recomputes {problem.describe(s.node)} before step {s.before}; "
+                f"it must be a step after the value's own ({s.node + 1}..{problem.last_step})"
+            )
+        if s.before < last_before:
+            raise PlanError(f"schedule step {k} goes back to step {s.before}; steps must be in order")
+        last_before = s.before
+        scheduled.add(s.node)
+    for i in sorted(set(plan.of(Decision.RECOMPUTE)) - scheduled):
+        raise PlanError(f"{problem.describe(i)} is recomputed but never scheduled")
 
 
 def _validate_transfers(problem: Problem, plan: Plan, anchor: dict[int, int]) -> None:

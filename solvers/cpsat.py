@@ -86,18 +86,19 @@ infeasible budget is explained by the smallest feasible one.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from solvers import anywhere
 from solvers.baselines import greedy
-from solvers.checker import check, live_intervals
+from solvers.checker import check
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+from solvers.sat import make_solver, objective_seconds, proven_optimal, search_stats
 
 log = logging.getLogger(__name__)
 
@@ -382,11 +383,21 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
 
 
 def baseline(problem: Problem) -> list[int]:
-    """Bytes live at each step whatever the plan decides (nothing saved or recomputed)."""
+    """Bytes live at each step whatever the plan decides: every value from its step to its
+    last read, a candidate only to its last forward read (nothing saved or recomputed)."""
     delta = [0] * (len(problem.nodes) + 1)
-    for lo, hi, size in live_intervals(problem, Plan({})):
-        delta[lo] += size
-        delta[hi + 1] -= size
+    candidates = set(problem.candidates)
+    for i, node in enumerate(problem.nodes):
+        if node.resident or node.size == 0:
+            continue
+        if node.keep:
+            hi = problem.last_step
+        elif i in candidates:
+            hi = problem.last_forward_use[i]
+        else:
+            hi = max([i, *problem.users[i]])
+        delta[i] += node.size
+        delta[hi + 1] -= node.size
     out, live = [], 0
     for d in delta[:-1]:
         live += d
@@ -399,7 +410,8 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
 
     Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
     fits. On a time-out, returns the best plan found (status FEASIBLE, with its gap), or
-    status UNKNOWN and no plan.
+    status UNKNOWN and no plan. A single-phase problem (no backward) is solved by
+    :mod:`solvers.anywhere`, where any value may be recomputed before any later step.
     """
     t0 = time.perf_counter()
     model, solver = prepare(problem, config)
@@ -407,9 +419,12 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     return finish(problem, config, model, solver, code, started=t0)
 
 
-def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
+def prepare(problem: Problem, config: SolverConfig) -> tuple[Model | anywhere.Model, cp_model.CpSolver]:
     """The model, hinted with the greedy plan when it fits, and a configured solver
-    (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units)."""
+    (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units). A
+    single-phase problem gets :mod:`solvers.anywhere`'s model."""
+    if problem.single_phase:
+        return anywhere.prepare(problem, config)
     model = build(problem)
     start = greedy(problem)
     if start.plan is not None:
@@ -421,11 +436,13 @@ def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpS
     return model, solver
 
 
-def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_model.CpSolver,
-           code: cp_model.CpSolverStatus, *, started: float) -> SolveResult:
+def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model,
+           solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, started: float) -> SolveResult:
     """The result of a finished (or stopped) search: the checker's verdict on its plan,
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
     infeasible, status UNKNOWN when no plan was found."""
+    if isinstance(model, anywhere.Model):
+        return anywhere.finish(problem, config, model, solver, code, started=started)
     wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code)
     if code == cp_model.INFEASIBLE:
@@ -437,21 +454,17 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
         if code == cp_model.MODEL_INVALID:
             raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=objective_seconds(model, solver.best_objective_bound),
+                           bound=objective_seconds(model.tie_break, problem, solver.best_objective_bound),
                            wall_time=wall, solver="cpsat", stats=stats)
     plan = extract_plan(model, solver)
     report = check(problem, plan)
     if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
         raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
-    # CP-SAT also answers OPTIMAL when it stopped at a gap limit: optimal means the bound
-    # met the objective (to within the tie-break, under one time unit).
-    proven = code == cp_model.OPTIMAL and (
-        solver.objective_value - solver.best_objective_bound < model.tie_break
-    )
+    proven = proven_optimal(code, solver, model.tie_break)
     return SolveResult(
         status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
         objective=report.added_time,
-        bound=min(report.added_time, objective_seconds(model, solver.best_objective_bound)),
+        bound=min(report.added_time, objective_seconds(model.tie_break, problem, solver.best_objective_bound)),
         wall_time=wall, solver="cpsat", stats=stats,
     )
 
@@ -459,6 +472,8 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
 def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
     smallest feasible budget when the status is OPTIMAL."""
+    if problem.single_phase:
+        return anywhere.min_feasible_peak(problem, config)
     t0 = time.perf_counter()
     model = build(problem.with_budget(None), minimize_peak=True)
     solver = make_solver(config)
@@ -509,26 +524,6 @@ def hint(model: Model, plan: Plan) -> None:
             model.cp.add_hint(model.L[v], max(consumers))
 
 
-def objective_seconds(model: Model, objective_bound: float) -> float:
-    """An objective bound in seconds (drop the tie-break term, which is < one unit)."""
-    units = objective_bound // model.tie_break
-    return float(units) * model.problem.scale.seconds_per_unit
-
-
-def make_solver(config: SolverConfig) -> cp_model.CpSolver:
-    s = cp_model.CpSolver()
-    s.parameters.max_time_in_seconds = config.time_limit
-    s.parameters.num_workers = config.workers or min(8, os.cpu_count() or 1)
-    s.parameters.random_seed = config.seed
-    s.parameters.relative_gap_limit = config.relative_gap
-    s.parameters.log_search_progress = config.log
-    # CP-SAT otherwise installs its own SIGINT handler for the rest of the process: a
-    # later Ctrl-C in the user's training loop would end the process without a
-    # KeyboardInterrupt. Interrupting a search is the caller's business (solvers.progress).
-    s.parameters.catch_sigint_signal = False
-    return s
-
-
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:
     return (u for u in sorted(set(m.problem.nodes[w].deps)) if u in m.S)
 
@@ -553,11 +548,4 @@ def _timed(m: Model, name: str, family: Callable[[Model], None]) -> None:
 def solve_stats(
     model: Model, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus
 ) -> dict[str, float | int | str]:
-    return {
-        "variables": len(model.cp.proto.variables),
-        "constraints": len(model.cp.proto.constraints),
-        "branches": solver.num_branches,
-        "conflicts": solver.num_conflicts,
-        "cp_status": solver.status_name(code),
-        **{f"n_{k}": v for k, v in model.sizes.items()},
-    }
+    return {**search_stats(model.cp, solver, code), **{f"n_{k}": v for k, v in model.sizes.items()}}

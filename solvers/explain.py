@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solvers.checker import Report, transfer_loads
+from solvers.checker import Report, transfer_loads, value_intervals
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -39,34 +39,6 @@ class Culprit:
     op: str
     size: int  # bytes live at the peak step
     why: str
-
-
-def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, int]]]:
-    """Closed step intervals each value occupies memory over (the checker's rules)."""
-    end = problem.last_step
-    anchor = {s.node: s.before for s in plan.schedule}
-    out: dict[int, list[tuple[int, int]]] = {}
-    for i, node in enumerate(problem.nodes):
-        if node.resident or node.size == 0:
-            continue
-        if node.keep:
-            out[i] = [(i, end)]
-            continue
-        if node.backward:
-            out[i] = [(i, max([i, *problem.users[i]]))]
-            continue
-        consumers = [*problem.backward_uses[i],
-                     *(anchor[u] for u in problem.forward_users[i]
-                       if plan.decisions.get(u) is Decision.RECOMPUTE)]
-        fwd_end = problem.last_forward_use[i]
-        decision = plan.decisions.get(i)
-        spans = []
-        if decision is Decision.SAVE:
-            fwd_end = max([fwd_end, *consumers])
-        elif decision is not None:
-            spans.append((anchor[i], max(consumers)))
-        out[i] = [(i, fwd_end), *spans]
-    return out
 
 
 def live_at(problem: Problem, plan: Plan, step: int) -> list[int]:

@@ -28,9 +28,15 @@ later, plus v's own output"):
   published model (the sink is the last gradient, so this changes nothing at the end).
 * every node is ``recomputable``: the graphs carry no random ops.
 
-The ``random_layered_*`` graphs of the same collection have no forward/backward split
-(no ``backward`` flag): every node may be recomputed at any later step, a different
-problem from ours. Loading them raises :class:`ProblemError` saying so.
+The ``random_layered_*`` graphs of the same collection ("Neural Topological Ordering
+for Computation Graphs", Appendix A) have no forward/backward split: nodes carry
+``duration`` and ``out_cost`` (the tag names are in the graph attributes
+``node_duration_tag`` / ``node_output_cost_tag``), edges use the keys ``"0"`` and ``"1"``,
+nodes are identified by ``name`` (or ``id``), and ``graph["order"]`` gives the execution
+order the published baselines use (checked to be a topological order of every node;
+a topological sort where absent). They become single-phase problems (no backward
+values, :attr:`Problem.single_phase`): every value may be recomputed before any later
+step. ``param_cost`` is ignored, as in the published memory model.
 
 Every malformed input (unreadable JSON, missing keys, wrong types, negative costs,
 links to unknown nodes, duplicate ids, a cycle) raises :class:`ProblemError` with a
@@ -87,11 +93,15 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         raise ProblemError(f"nodes: expected a list of node objects, got {_show(nodes)}")
     if not isinstance(links, list):
         raise ProblemError(f"links: expected a list of edge objects, got {_show(links)}")
-    if nodes and isinstance(nodes[0], dict) and "backward" not in nodes[0]:
-        raise ProblemError(
-            "nodes[0].backward: missing; graphs without a forward/backward split (the "
-            "random_layered_* family) are not supported yet, only the *_train_nx.json graphs"
-        )
+    graph_attrs = data.get("graph")
+    attrs: Mapping[str, object] = graph_attrs if isinstance(graph_attrs, Mapping) else {}
+    train = not nodes or not isinstance(nodes[0], dict) or "backward" in nodes[0]
+    if train:
+        time_key, size_key, ends_keys = "cost_cpu", "cost_ram", ("source", "target")
+    else:
+        time_key = str(attrs.get("node_duration_tag", "duration"))
+        size_key = str(attrs.get("node_output_cost_tag", "out_cost"))
+        ends_keys = ("0", "1") if links and isinstance(links[0], dict) and "0" in links[0] else ("source", "target")
     graph = nx.DiGraph()
     key_of: dict[object, int] = {}
     parsed: list[Node] = []
@@ -99,7 +109,7 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         where = f"nodes[{i}]"
         if not isinstance(raw, dict):
             raise ProblemError(f"{where}: expected a JSON object, got {_show(raw)}")
-        key = raw.get("id", i)
+        key = raw.get("id", raw.get("name", i) if not train else i)
         if not isinstance(key, (int, str)) or isinstance(key, bool):
             raise ProblemError(f"{where}.id: expected an int or string, got {_show(key)}")
         if key in key_of:
@@ -107,13 +117,13 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         label = raw.get("name", str(key))
         if not isinstance(label, (str, int)) or isinstance(label, bool):
             raise ProblemError(f"{where}.name: expected a string, got {_show(label)}")
-        backward = raw.get("backward")
+        backward = raw.get("backward", False if not train else None)
         if not isinstance(backward, bool):
             raise ProblemError(f"{where}.backward: expected true or false, got {_show(backward)}")
-        size = raw.get("cost_ram")
+        size = raw.get(size_key)
         if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
-            raise ProblemError(f"{where}.cost_ram: expected a non-negative int of bytes, got {_show(size)}")
-        cost = _amount(raw, "cost_cpu", where)
+            raise ProblemError(f"{where}.{size_key}: expected a non-negative int of bytes, got {_show(size)}")
+        cost = _amount(raw, time_key, where)
         key_of[key] = i
         graph.add_node(i)
         parsed.append(Node(name=str(label) or str(key), backward=backward,
@@ -123,7 +133,7 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         if not isinstance(raw, dict):
             raise ProblemError(f"{where}: expected a JSON object, got {_show(raw)}")
         ends = []
-        for end in ("source", "target"):
+        for end in ends_keys:
             if end not in raw:
                 raise ProblemError(f"{where}.{end}: missing")
             ref = raw[end]
@@ -140,7 +150,10 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         cycle = nx.find_cycle(graph)
         path = " -> ".join(parsed[u].name for u, _ in cycle)
         raise ProblemError(f"the graph has a cycle: {path} -> {parsed[cycle[0][0]].name}") from None
-    order = [i for i in order if not parsed[i].backward] + [i for i in order if parsed[i].backward]
+    if train:
+        order = [i for i in order if not parsed[i].backward] + [i for i in order if parsed[i].backward]
+    elif "order" in attrs:
+        order = _given_order(attrs["order"], key_of, graph)
     position = {old: new for new, old in enumerate(order)}
     out: list[Node] = []
     names: set[str] = set()
@@ -153,13 +166,36 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         names.add(unique)
         out.append(Node(name=unique, op=n.op, deps=deps, backward=n.backward, size=n.size,
                         time=n.time, flops=n.flops))
-    graph_attrs = data.get("graph")
-    title = graph_attrs.get("name") if isinstance(graph_attrs, Mapping) else None
-    meta = {"source": "networkx node-link (Checkmate train graph)",
-            "time_unit": "cost_cpu (Checkmate cost units, not seconds)"}
+    title = attrs.get("name")
+    meta = ({"source": "networkx node-link (Checkmate train graph)",
+             "time_unit": "cost_cpu (Checkmate cost units, not seconds)"} if train else
+            {"source": "networkx node-link (random layered graph)",
+             "time_unit": f"{time_key} (cost units, not seconds)",
+             "order": "graph.order" if "order" in attrs else "topological sort"})
     if isinstance(title, str):
         meta["graph"] = title
     return Problem(nodes=tuple(out), name=name or (title if isinstance(title, str) else ""), meta=meta)
+
+
+def _given_order(raw: object, key_of: Mapping[object, int], graph: nx.DiGraph) -> list[int]:
+    """``graph["order"]`` as node indices; :class:`ProblemError` unless it lists every node
+    once, in an order where each node comes after the nodes it reads."""
+    if not isinstance(raw, list):
+        raise ProblemError(f"graph.order: expected a list of node ids, got {_show(raw)}")
+    order: list[int] = []
+    for k, ref in enumerate(raw):
+        if isinstance(ref, bool) or ref not in key_of:
+            raise ProblemError(f"graph.order[{k}]: {_show(ref)} is not the id of a node")
+        order.append(key_of[ref])
+    if len(set(order)) != len(order) or len(order) != len(key_of):
+        raise ProblemError(f"graph.order: lists {len(set(order))} distinct nodes of {len(key_of)}; "
+                           "it must list every node once")
+    position = {v: k for k, v in enumerate(order)}
+    for u, v in graph.edges:
+        if position[u] > position[v]:
+            raise ProblemError(f"graph.order: node at position {position[v]} reads the node at "
+                               f"position {position[u]}, which comes later (not a topological order)")
+    return order
 
 
 def _amount(raw: Mapping[str, object], key: str, where: str) -> float:

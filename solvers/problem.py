@@ -99,6 +99,14 @@ class Problem:
         return sum(1 for n in self.nodes if not n.backward)
 
     @cached_property
+    def single_phase(self) -> bool:
+        """No backward values: a graph without a forward/backward split (Checkmate's and
+        Moccasin's random benchmark graphs). Any value may then be recomputed before any
+        later step, as often as pays (:mod:`solvers.anywhere`), rather than once in the
+        backward."""
+        return bool(self.nodes) and self.n_forward == len(self.nodes)
+
+    @cached_property
     def users(self) -> tuple[tuple[int, ...], ...]:
         out: list[list[int]] = [[] for _ in self.nodes]
         for i, n in enumerate(self.nodes):

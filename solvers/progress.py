@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solvers import cpsat
+from solvers import anywhere, cpsat
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult
 
@@ -55,13 +55,13 @@ class Incumbent:
 class Watched:
     result: SolveResult
     interrupted: bool  # stopped by Ctrl-C or ``stop`` before the search finished
-    model: cpsat.Model  # the CP-SAT model that was solved (for dumps)
+    model: cpsat.Model | anywhere.Model  # the CP-SAT model that was solved (for dumps)
 
 
 class _Watcher(cp_model.CpSolverSolutionCallback):
     """Records each incumbent; called from CP-SAT's threads."""
 
-    def __init__(self, model: cpsat.Model, t0: float) -> None:
+    def __init__(self, model: cpsat.Model | anywhere.Model, t0: float) -> None:
         super().__init__()
         self._model = model
         self._t0 = t0
@@ -71,8 +71,8 @@ class _Watcher(cp_model.CpSolverSolutionCallback):
         self.solutions = 0
 
     def on_solution_callback(self) -> None:
-        objective = cpsat.objective_seconds(self._model, self.objective_value)
-        bound = cpsat.objective_seconds(self._model, self.best_objective_bound)
+        objective = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.objective_value)
+        bound = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.best_objective_bound)
         with self._lock:
             self.objective, self.bound = objective, min(bound, objective)
             self.solutions += 1

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from solvers import SolverConfig, check, save_all, solve
-from solvers.explain import value_intervals
+from solvers.checker import value_intervals
 from solvers.importers import load_node_link
 from solvers.problem import chain_problem
 
@@ -62,3 +62,40 @@ def test_value_intervals_add_up_to_the_checker(fcn8: Path) -> None:
                 for k in range(lo, hi + 1):
                     timeline[k] += problem.nodes[i].size
         assert tuple(timeline) == report.timeline
+
+
+def random_layered_doc(order: list[int] | None) -> dict[str, object]:
+    """A four-node graph in the random layered family's format: ``name`` ids, edges keyed
+    "0" / "1", ``duration`` / ``out_cost`` named by the graph's tags, an optional order."""
+    graph: dict[str, object] = {"node_duration_tag": "duration", "node_output_cost_tag": "out_cost"}
+    if order is not None:
+        graph["order"] = order
+    return {
+        "directed": True, "multigraph": False, "graph": graph,
+        "nodes": [{"name": k, "duration": 10 * k, "out_cost": k + 1, "param_cost": 99} for k in range(4)],
+        "links": [{"0": 0, "1": 2}, {"0": 0, "1": 1}, {"0": 1, "1": 3}, {"0": 2, "1": 3}],
+    }
+
+
+def test_random_layered_graphs_keep_their_given_order() -> None:
+    from solvers.importers import problem_from_node_link
+
+    problem = problem_from_node_link(random_layered_doc([0, 2, 1, 3]))
+    assert problem.single_phase and [n.name for n in problem.nodes] == ["0", "2", "1", "3"]
+    assert [n.size for n in problem.nodes] == [1, 3, 2, 4]  # out_cost; param_cost ignored
+    assert [n.time for n in problem.nodes] == [0.0, 20.0, 10.0, 30.0]
+    assert problem.nodes[3].deps == (1, 2)
+    assert problem.meta["order"] == "graph.order"
+    assert problem_from_node_link(random_layered_doc(None)).meta["order"] == "topological sort"
+
+
+@pytest.mark.parametrize(
+    ("order", "words"),
+    [([0, 3, 1, 2], "not a topological order"), ([0, 1, 2], "every node once"), ([0, 1, 2, 9], "not the id")],
+)
+def test_a_bad_given_order_is_named(order: list[int], words: str) -> None:
+    from solvers.importers import problem_from_node_link
+    from solvers.problem import ProblemError
+
+    with pytest.raises(ProblemError, match=words):
+        problem_from_node_link(random_layered_doc(order))

@@ -1,0 +1,440 @@
+r"""Exact rematerialization on single-phase graphs: recompute any value before any later step.
+
+Graphs without a forward/backward split (:attr:`Problem.single_phase`, e.g. the random
+layered graphs of the Checkmate / Moccasin / FastSA benchmarks) run in their fixed order,
+and any value may be freed and recomputed before any later step, more than once where that
+pays. This is Moccasin's problem (Bartan et al., 2023); the model is Moccasin's too —
+retention intervals and one cumulative constraint — with the checker's semantics
+(:func:`solvers.checker.live_intervals`): every read takes the latest copy made before it.
+
+Notation. Steps :math:`k = 0..N-1`; value :math:`v` computed at step :math:`v`, of
+:math:`s_v` bytes and :math:`t_v` seconds. Up to :math:`C` copies per value (``copies``):
+copy 0 is the op at step :math:`v`, copies :math:`c \ge 1` are recomputations. A *read* of
+:math:`v` is either the op at a later step :math:`u` that reads it (time :math:`\tau_r = u`,
+always present) or a recomputation :math:`c'` of a value :math:`w` that reads it (time
+:math:`\tau_r = P_{w,c'}`, present iff :math:`R_{w,c'}`). :math:`\pi_r` is the read's
+presence literal.
+
+Variables:
+
+* :math:`R_{v,c} \in \{0,1\}`, :math:`c \ge 1`: the c-th recomputation of v runs
+  (only for recomputable values read more than one step after their own);
+* :math:`P_{v,c} \in [v+1, N-1]`: the step it runs before;
+* :math:`E_{v,c}`: the last step copy c lives (copy 0: :math:`E_{v,0} \ge v`);
+* :math:`z_{r,c} \in \{0,1\}`: read r is served by copy c.
+
+Constraint families (one ``add_*`` function each):
+
+* copies:  :math:`R_{v,c+1} \Rightarrow R_{v,c}` and :math:`R_{v,c+1} \Rightarrow
+  P_{v,c+1} > P_{v,c}`; :math:`E_{v,c} \ge P_{v,c}` (copies in order, no gaps);
+* serve:   :math:`\sum_c z_{r,c} = \pi_r`; :math:`z_{r,c} \Rightarrow R_{v,c}`,
+  :math:`z_{r,c} \Rightarrow P_{v,c} \le \tau_r` (made before the read; a recomputation
+  before step k runs before the op at k, and recomputations before one step run in value
+  order, so a value's copy exists for a reader recomputed before the same step);
+  :math:`z_{r,c} \Rightarrow E_{v,c} \ge \tau_r` (lives until it);
+* latest:  :math:`z_{r,c} \land R_{v,c+1} \Rightarrow P_{v,c+1} > \tau_r`: a read takes
+  the newest copy, as the checker and the emitted code do;
+* memory:  one cumulative over the intervals :math:`[v, E_{v,0}]` (demand :math:`s_v`)
+  and :math:`[P_{v,c}, E_{v,c}]` present iff :math:`R_{v,c}`, capacity
+  :math:`\lfloor B/q \rfloor` memory units (``problem.scale``);
+* memory cuts: at step k, the values read at k (or computed at k) are live, and a value
+  computed before k and read after k is live unless it is recomputed:
+  :math:`\sum_{v \in A_k} s_v + \sum_{v \in S_k} s_v (1 - R_{v,1}) \le \lfloor B/q \rfloor`.
+  Implied by the cumulative; they give CP-SAT's LP the knapsack bound the cumulative
+  does not (:func:`add_memory_cuts`).
+
+Objective: :math:`\min T \sum_{v,c} t_v R_{v,c} + \sum_{v,c} R_{v,c}` with
+:math:`T = |R| + 1`: the least added time, then the fewest recomputations.
+
+Why intervals rather than Checkmate's stage-by-value booleans: the latter need
+:math:`O(N^2)` variables (a million at N = 1000); here a value has :math:`3C` integers and a
+boolean per read and copy, linear in the graph. Why the latest-copy rule is a constraint
+rather than a choice: without it a plan could keep an old copy alive past a newer one, a
+schedule the checker (and emitted code) would not run as modelled. Interval ends may be
+later than the last read they serve; that only overstates memory, so every solution's
+checker peak is at most the model's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from solvers.checker import Report, check, value_intervals
+from solvers.plan import Decision, Plan, Step
+from solvers.problem import Problem
+from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+from solvers.sat import make_solver, objective_seconds, proven_optimal, search_stats
+
+COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
+MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
+LOOKAHEAD = 8  # candidates the greedy replays on the checker at each step
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of value ``value``: at fixed step ``step``, or by recomputation ``copy`` of
+    ``reader`` (``step`` is then -1 and the time is ``P[reader, copy]``)."""
+
+    value: int
+    reader: int
+    step: int = -1
+    copy: int = 0
+
+
+@dataclass
+class Model:
+    """The CP-SAT model of one single-phase problem, with its variables named as in the math."""
+
+    problem: Problem
+    copies: int
+    cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
+    R: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    P: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    E: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    z: dict[tuple[Read, int], cp_model.IntVar] = field(default_factory=dict)
+    reads: list[Read] = field(default_factory=list)
+    capacity: cp_model.IntVar | int = 0
+
+    @property
+    def tie_break(self) -> int:
+        return len(self.R) + 1
+
+    def copies_of(self, v: int) -> range:
+        """Copy indices v may have: 0 alone, or 0..C-1 when v may be recomputed."""
+        return range(self.copies) if (v, 1) in self.R else range(1)
+
+    def when(self, read: Read) -> cp_model.LinearExprT:
+        return read.step if read.step >= 0 else self.P[read.reader, read.copy]
+
+    def present(self, read: Read) -> cp_model.LinearExprT:
+        return 1 if read.step >= 0 else self.R[read.reader, read.copy]
+
+
+def recomputable(problem: Problem) -> list[int]:
+    """Values worth a recomputation: recomputable, taking memory, read again more than one
+    step after their own (otherwise nothing is freed in between)."""
+    out = []
+    for v, node in enumerate(problem.nodes):
+        if node.resident or node.keep or node.size == 0 or not node.recomputable:
+            continue
+        if max(problem.users[v], default=v) > v + 1:
+            out.append(v)
+    return out
+
+
+def build(problem: Problem, *, copies: int = COPIES, minimize_peak: bool = False) -> Model:
+    """The model of ``problem`` (see the module docstring), objective included."""
+    m = Model(problem, copies)
+    add_variables(m)
+    add_copies(m)
+    add_serve(m)
+    add_memory(m, minimize_peak=minimize_peak)
+    add_memory_cuts(m)
+    if minimize_peak:
+        m.cp.minimize(m.capacity)
+    else:
+        m.cp.minimize(objective(m))
+    return m
+
+
+def objective(m: Model) -> cp_model.LinearExprT:
+    """T·Σ t_v R_{v,c} + Σ R_{v,c}, T = |R| + 1 (time in ``problem.scale`` units)."""
+    scale = m.problem.scale
+    added = sum(scale.time(m.problem.nodes[v].time) * r for (v, _), r in m.R.items())
+    return m.tie_break * added + sum(m.R.values())
+
+
+def add_variables(m: Model) -> None:
+    p = m.problem
+    last = p.last_step
+    for v in recomputable(p):
+        for c in range(1, m.copies):
+            m.R[v, c] = m.cp.new_bool_var(f"R[{v},{c}]")
+            m.P[v, c] = m.cp.new_int_var(v + 1, last, f"P[{v},{c}]")
+            m.E[v, c] = m.cp.new_int_var(v + 1, last, f"E[{v},{c}]")
+    for v, node in enumerate(p.nodes):
+        if node.resident or node.size == 0:
+            continue
+        if node.keep:
+            m.E[v, 0] = m.cp.new_constant(last)
+            continue
+        m.E[v, 0] = m.cp.new_int_var(v, last, f"E[{v},0]")
+    for u, node in enumerate(p.nodes):
+        for v in sorted(set(node.deps)):
+            if (v, 0) in m.E:
+                m.reads.append(Read(v, u, step=u))
+                m.reads += [Read(v, u, copy=c) for c in range(1, m.copies) if (u, c) in m.R]
+    for r in m.reads:
+        for c in m.copies_of(r.value):
+            m.z[r, c] = m.cp.new_bool_var(f"z[{r.value}<-{r.reader}.{r.copy}@{r.step},{c}]")
+
+
+def add_copies(m: Model) -> None:
+    """R_{v,c+1} => R_{v,c}; R_{v,c+1} => P_{v,c+1} > P_{v,c}; E_{v,c} >= P_{v,c}."""
+    for (v, c), r in m.R.items():
+        m.cp.add(m.E[v, c] >= m.P[v, c])
+        if c + 1 < m.copies:
+            m.cp.add_implication(m.R[v, c + 1], r)
+            m.cp.add(m.P[v, c + 1] > m.P[v, c]).only_enforce_if(m.R[v, c + 1])
+
+
+def add_serve(m: Model) -> None:
+    """Σ_c z_{r,c} = π_r; z_{r,c} => R_{v,c}, P_{v,c} <= τ_r, E_{v,c} >= τ_r;
+    z_{r,c} ∧ R_{v,c+1} => P_{v,c+1} > τ_r (the latest copy)."""
+    for r in m.reads:
+        v, t = r.value, m.when(r)
+        options = m.copies_of(v)
+        m.cp.add(sum(m.z[r, c] for c in options) == m.present(r))
+        for c in options:
+            z = m.z[r, c]
+            if c > 0:
+                m.cp.add_implication(z, m.R[v, c])
+                m.cp.add(m.P[v, c] <= t).only_enforce_if(z)
+            m.cp.add(m.E[v, c] >= t).only_enforce_if(z)
+            if c + 1 in options:
+                m.cp.add(m.P[v, c + 1] > t).only_enforce_if([z, m.R[v, c + 1]])
+
+
+def add_memory(m: Model, *, minimize_peak: bool) -> None:
+    """cumulative([v, E_{v,0}], [P_{v,c}, E_{v,c}] if R_{v,c}; demand s_v) <= floor(B/q)."""
+    p = m.problem
+    scale = p.scale
+    intervals: list[cp_model.IntervalVar] = []
+    demands: list[int] = []
+    for (v, c), end in m.E.items():
+        size = scale.mem(p.nodes[v].size)
+        if c == 0:
+            length = m.cp.new_int_var(1, p.last_step - v + 1, f"len[{v},0]")
+            intervals.append(m.cp.new_interval_var(v, length, end + 1, f"Copy[{v},0]"))
+        else:
+            length = m.cp.new_int_var(1, p.last_step - v, f"len[{v},{c}]")
+            intervals.append(m.cp.new_optional_interval_var(
+                m.P[v, c], length, end + 1, m.R[v, c], f"Copy[{v},{c}]"))
+        demands.append(size)
+    if minimize_peak:
+        floor = max((scale.mem(p.nodes[k].size) for k in range(len(p.nodes))), default=0)
+        total = scale.mem(sum(n.size for n in p.nodes if not n.resident))
+        m.capacity = m.cp.new_int_var(floor, max(floor, total), "B")
+    else:
+        budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
+        m.capacity = scale.capacity(budget)
+    m.cp.add_cumulative(intervals, demands, m.capacity)
+
+
+def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
+    """Σ_{v ∈ A_k} s_v + Σ_{v ∈ S_k} s_v (1 - R_{v,1}) <= floor(B/q) at each step k, where
+    A_k are the values computed or read at k (live whatever the plan) and S_k the others
+    computed before k and read after k (live unless recomputed). Rows go in for the steps
+    with the most memory at stake first, up to ``max_terms`` terms."""
+    p = m.problem
+    scale = p.scale
+    fixed = [0] * len(p.nodes)
+    spans: dict[int, list[int]] = {}
+    for (v, c) in m.E:
+        if c:
+            continue
+        size = scale.mem(p.nodes[v].size)
+        reads = sorted(set(p.users[v]))
+        last = p.last_step if p.nodes[v].keep else max(reads, default=v)
+        for k in range(v, last + 1):
+            if k == v or k in reads or p.nodes[v].keep or (v, 1) not in m.R:
+                fixed[k] += size
+            else:
+                spans.setdefault(k, []).append(v)
+    potential = {k: fixed[k] + sum(scale.mem(p.nodes[v].size) for v in vs) for k, vs in spans.items()}
+    used = 0
+    for k in sorted(spans, key=lambda k: (-potential[k], k)):
+        if used + len(spans[k]) > max_terms:
+            break
+        m.cp.add(fixed[k] + sum(scale.mem(p.nodes[v].size) * (1 - m.R[v, 1]) for v in spans[k])
+                 <= m.capacity)
+        used += len(spans[k])
+    for k in range(len(p.nodes)):  # steps where nothing may be freed: a constant bound
+        if k not in spans and fixed[k]:
+            m.cp.add(fixed[k] <= m.capacity)
+
+
+def extract_plan(m: Model, solver: cp_model.CpSolver) -> Plan:
+    """Recomputed values and their steps; within a step, in value order (what the model's
+    tie rule assumes)."""
+    steps = [Step(v, solver.value(m.P[v, c])) for (v, c), r in m.R.items() if solver.boolean_value(r)]
+    steps.sort(key=lambda s: (s.before, s.node))
+    return Plan({s.node: Decision.RECOMPUTE for s in steps}, tuple(steps))
+
+
+def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+    """Recompute, at the peak step, the value that frees the most bytes there per second
+    of recomputation, just before its next read; repeat until the plan fits (at most one
+    recomputation per value). The seed of the exact model; a baseline on its own.
+
+    A value computed before the peak step k and next read after it is freed over k by a
+    recomputation before that read, unless the recomputation's inputs were dead at k:
+    reading them later keeps them alive over k. The bytes freed are the value's size less
+    those inputs'."""
+    t0 = time.perf_counter()
+    plan, report = _greedy_plan(problem)
+    fits = report.fits
+    return SolveResult(status=Status.FEASIBLE if fits else Status.UNKNOWN,
+                       plan=plan if fits else None, report=report if fits else None,
+                       objective=report.added_time if fits else float("inf"), bound=0.0,
+                       wall_time=time.perf_counter() - t0, solver="greedy-anywhere")
+
+
+def _greedy_plan(problem: Problem) -> tuple[Plan, Report]:
+    """The greedy's last plan and its report, within budget or not."""
+    p = problem
+    budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
+    movable = set(recomputable(p))
+    steps: list[Step] = []
+    plan = Plan({})
+    report = check(p, plan)
+    while report.peak > budget and movable:
+        k = report.peak_step
+        spans = value_intervals(p, plan)
+        live = {v for v, ss in spans.items() if any(lo <= k <= hi for lo, hi in ss)}
+        reads = _read_steps(p, plan)
+        ranked: list[tuple[float, int, int]] = []
+        for v in sorted(movable & live):
+            if v >= k or k in reads[v]:
+                continue
+            later = [t for t in reads[v] if t > k]
+            if not later:
+                continue
+            revived = sum(p.nodes[d].size for d in set(p.nodes[v].deps)
+                          if d not in live and not p.nodes[d].resident)
+            freed = p.nodes[v].size - revived
+            if freed <= 0:
+                continue
+            ranked.append((p.nodes[v].time / freed, v, min(later)))
+        # The estimate ignores the new copy's own bytes at its step and the inputs it
+        # keeps alive elsewhere: replay the best few and take the cheapest that helps.
+        for _, v, before in sorted(ranked)[:LOOKAHEAD]:
+            trial = sorted([*steps, Step(v, before)], key=lambda s: (s.before, s.node))
+            trial_plan = Plan({s.node: Decision.RECOMPUTE for s in trial}, tuple(trial))
+            after = check(p, trial_plan)
+            if after.peak < report.peak or (after.peak == report.peak and after.timeline[k] < report.timeline[k]):
+                movable.discard(v)
+                steps, plan, report = trial, trial_plan, after
+                break
+        else:
+            break
+    return plan, report
+
+
+def _read_steps(problem: Problem, plan: Plan) -> list[set[int]]:
+    """The steps at which each value is read: by ops, and by scheduled recomputations."""
+    out: list[set[int]] = [set() for _ in problem.nodes]
+    for u, node in enumerate(problem.nodes):
+        for d in node.deps:
+            out[d].add(u)
+    for s in plan.schedule:
+        for d in problem.nodes[s.node].deps:
+            out[d].add(s.before)
+    return out
+
+
+def hint(m: Model, plan: Plan) -> None:
+    """Start the search from ``plan``: every variable as the checker reads the plan (each
+    read served by the latest copy made before it)."""
+    made: dict[int, list[int]] = {}  # value -> the steps its recomputations run before
+    for s in plan.schedule:
+        made.setdefault(s.node, []).append(s.before)
+    for (v, c), runs_var in m.R.items():
+        runs = c <= len(made.get(v, []))
+        m.cp.add_hint(runs_var, runs)
+        if runs:
+            m.cp.add_hint(m.P[v, c], made[v][c - 1])
+    ends: dict[tuple[int, int], int] = {}
+    for r in m.reads:
+        if r.step >= 0:
+            t = r.step
+        elif r.copy <= len(made.get(r.reader, [])):
+            t = made[r.reader][r.copy - 1]
+        else:
+            t = -1  # that recomputation does not run: no read
+        served = sum(1 for q in made.get(r.value, []) if q <= t) if t >= 0 else -1
+        for c in m.copies_of(r.value):
+            m.cp.add_hint(m.z[r, c], c == served)
+        if t >= 0:
+            ends[r.value, served] = max(ends.get((r.value, served), t), t)
+    for (v, c), e in m.E.items():
+        if m.problem.nodes[v].keep:  # a constant end
+            continue
+        start = v if c == 0 else (made[v][c - 1] if c <= len(made.get(v, [])) else v + 1)
+        m.cp.add_hint(e, max(start, ends.get((v, c), start)))
+
+
+def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
+            ) -> tuple[Model, cp_model.CpSolver]:
+    """The model, hinted with the greedy plan when it fits, and a configured solver
+    (``config.step_gap`` as an absolute gap limit)."""
+    m = build(problem, copies=copies)
+    start, report = _greedy_plan(problem)
+    hint(m, start)
+    solver = make_solver(config)
+    # A greedy plan over budget is still a good start: CP-SAT repairs it first.
+    solver.parameters.repair_hint = not report.fits
+    if config.step_gap > 0:
+        step = problem.scale.time(sum(n.time for n in problem.nodes))
+        solver.parameters.absolute_gap_limit = config.step_gap * step * m.tie_break
+    return m, solver
+
+
+def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.CpSolver,
+           code: cp_model.CpSolverStatus, *, started: float) -> SolveResult:
+    """As :func:`solvers.cpsat.finish`: the checker's verdict on the plan found,
+    :class:`InfeasibleBudgetError` with the smallest feasible budget, or status UNKNOWN."""
+    wall = time.perf_counter() - started
+    stats = search_stats(m.cp, solver, code)
+    if code == cp_model.INFEASIBLE:
+        assert problem.budget is not None
+        low = min_feasible_peak(problem, config, copies=m.copies)
+        raise InfeasibleBudgetError(problem.budget, low.report.peak if low.report else None,
+                                    proven=low.status is Status.OPTIMAL)
+    bound = objective_seconds(m.tie_break, problem, solver.best_objective_bound)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if code == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"CP-SAT rejected the model: {m.cp.validate()}")
+        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                           bound=bound, wall_time=wall, solver="cpsat-anywhere", stats=stats)
+    plan = extract_plan(m, solver)
+    report = check(problem, plan)
+    if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
+        raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
+    return SolveResult(
+        status=Status.OPTIMAL if proven_optimal(code, solver, m.tie_break) else Status.FEASIBLE,
+        plan=plan, report=report, objective=report.added_time,
+        bound=min(report.added_time, bound), wall_time=wall, solver="cpsat-anywhere", stats=stats,
+    )
+
+
+def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, copies: int = COPIES) -> SolveResult:
+    """The cheapest recompute plan within ``problem.budget``, up to ``copies`` copies of a
+    value (see :func:`solvers.cpsat.solve` for the statuses and the infeasible case)."""
+    t0 = time.perf_counter()
+    m, solver = prepare(problem, config, copies=copies)
+    code = solver.solve(m.cp)
+    return finish(problem, config, m, solver, code, started=t0)
+
+
+def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
+                      copies: int = COPIES) -> SolveResult:
+    """The plan with the smallest checker peak (any added time)."""
+    t0 = time.perf_counter()
+    m = build(problem.with_budget(None), copies=copies, minimize_peak=True)
+    solver = make_solver(config)
+    code = solver.solve(m.cp)
+    wall = time.perf_counter() - t0
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                           bound=0.0, wall_time=wall, solver="cpsat-anywhere-min-peak")
+    plan = extract_plan(m, solver)
+    report = check(problem, plan)
+    return SolveResult(
+        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
+        plan=plan, report=report, objective=report.added_time, bound=0.0, wall_time=wall,
+        solver="cpsat-anywhere-min-peak", stats=search_stats(m.cp, solver, code),
+    )

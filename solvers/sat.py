@@ -1,0 +1,50 @@
+"""CP-SAT plumbing both exact models share: the configured solver, bounds in seconds,
+search statistics."""
+
+from __future__ import annotations
+
+import os
+
+from ortools.sat.python import cp_model
+
+from solvers.problem import Problem
+from solvers.result import SolverConfig
+
+
+def make_solver(config: SolverConfig) -> cp_model.CpSolver:
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = config.time_limit
+    s.parameters.num_workers = config.workers or min(8, os.cpu_count() or 1)
+    s.parameters.random_seed = config.seed
+    s.parameters.relative_gap_limit = config.relative_gap
+    s.parameters.log_search_progress = config.log
+    # CP-SAT otherwise installs its own SIGINT handler for the rest of the process: a
+    # later Ctrl-C in the user's training loop would end the process without a
+    # KeyboardInterrupt. Interrupting a search is the caller's business (solvers.progress).
+    s.parameters.catch_sigint_signal = False
+    return s
+
+
+def objective_seconds(tie_break: int, problem: Problem, objective_bound: float) -> float:
+    """An objective bound in seconds: objectives are T·time + (count < T), time in
+    ``problem.scale`` units; drop the tie-break term."""
+    units = objective_bound // tie_break
+    return float(units) * problem.scale.seconds_per_unit
+
+
+def proven_optimal(code: cp_model.CpSolverStatus, solver: cp_model.CpSolver, tie_break: int) -> bool:
+    """CP-SAT also answers OPTIMAL when it stopped at a gap limit: optimal means the bound
+    met the objective (to within the tie-break, under one time unit)."""
+    return code == cp_model.OPTIMAL and solver.objective_value - solver.best_objective_bound < tie_break
+
+
+def search_stats(
+    cp: cp_model.CpModel, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus
+) -> dict[str, float | int | str]:
+    return {
+        "variables": len(cp.proto.variables),
+        "constraints": len(cp.proto.constraints),
+        "branches": solver.num_branches,
+        "conflicts": solver.num_conflicts,
+        "cp_status": solver.status_name(code),
+    }
