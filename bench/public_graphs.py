@@ -67,7 +67,7 @@ def main() -> int:
     config = SolverConfig(time_limit=args.time_limit, workers=args.workers)
     label = 34
     header = (f"{'graph':<{label}} {'budget':>6} {'rematc CI% / mem% / s':>24} {'status':>9} {'gap':>6}"
-              f"   {'Checkmate':>18} {'Moccasin':>18} {'FastSA':>18}")
+              f"   {'Checkmate':>19} {'Moccasin':>19} {'FastSA':>19}")
     print(header)
     for path in files:
         problem = load_node_link(path)
@@ -89,7 +89,7 @@ def main() -> int:
                     status, gap = r.status.value, f"{r.gap:.1%}"
             pub = PUBLISHED.get((path.stem, frac), ("-", "-", "-"))
             print(f"{path.stem[:label]:<{label}} {frac:>5}% {ours:>24} {status:>9} {gap:>6}   "
-                  f"{pub[0]:>18} {pub[1]:>18} {pub[2]:>18}", flush=True)
+                  f"{pub[0]:>19} {pub[1]:>19} {pub[2]:>19}", flush=True)
     return 0
 
 
