@@ -369,14 +369,15 @@ def hint(m: Model, plan: Plan) -> None:
 
 def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
             ) -> tuple[Model, cp_model.CpSolver]:
-    """The model, hinted with the greedy plan when it fits, and a configured solver
-    (``config.step_gap`` as an absolute gap limit)."""
+    """The model, hinted with the greedy plan, and a configured solver (``config.step_gap``
+    as an absolute gap limit)."""
+    t0 = time.perf_counter()
     m = build(problem, copies=copies)
-    start, report = _greedy_plan(problem)
-    hint(m, start)
+    start, _ = _greedy_plan(problem)
+    hint(m, start)  # over budget, it still points the search at the right values
     solver = make_solver(config)
-    # A greedy plan over budget is still a good start: CP-SAT repairs it first.
-    solver.parameters.repair_hint = not report.fits
+    # The model and its seed count against the time limit: the search gets what is left.
+    solver.parameters.max_time_in_seconds = max(0.1, config.time_limit - (time.perf_counter() - t0))
     if config.step_gap > 0:
         step = problem.scale.time(sum(n.time for n in problem.nodes))
         solver.parameters.absolute_gap_limit = config.step_gap * step * m.tie_break

@@ -45,9 +45,11 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
     pointwise ops fuse). Any set of recomputed values gives a valid plan when everything
     else the backward (or a recomputation) reads is saved, so each step is one checker
     replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits, else
-    INFEASIBLE (greedy proves nothing: the budget may still be feasible).
+    INFEASIBLE (greedy proves nothing: the budget may still be feasible). Past
+    ``config.time_limit`` it stops where it is: unfit, or fit but not yet trimmed.
     """
     t0 = time.perf_counter()
+    deadline = t0 + config.time_limit
     recomputed, report = _free_start(problem, free_time)
     order = sorted(
         (v for v in problem.candidates
@@ -55,7 +57,7 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
         key=lambda v: (problem.nodes[v].time / problem.nodes[v].size, v),
     )
     for v in order:
-        if report.fits:
+        if report.fits or time.perf_counter() > deadline:
             break
         trial = check(problem, plan_with(problem, recomputed | {v}))
         if trial.peak <= report.peak:
@@ -63,6 +65,8 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
             report = trial
     if report.fits:
         for v in sorted(recomputed, key=lambda v: -problem.nodes[v].time):
+            if time.perf_counter() > deadline:
+                break
             trial = check(problem, plan_with(problem, recomputed - {v}))
             if trial.fits:
                 recomputed.discard(v)

@@ -128,17 +128,14 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     moves = {t.node: t for t in plan.transfers}
     Key = tuple[int, int, int]  # (step, 0 for a scheduled entry / 1 for the op, order)
     copies: dict[int, list[tuple[Key, int]]] = {}  # value -> (made at, first live step)
-    reads: list[list[Key]] = [[] for _ in problem.nodes]
-    for i, node in enumerate(problem.nodes):
-        for d in set(node.deps):
-            reads[d].append((i, 1, 0))
+    recompute_reads: dict[int, list[Key]] = {}  # value -> reads by scheduled recomputations
     for k, s in enumerate(plan.schedule):
         key = (s.before, 0, k)
         move = moves.get(s.node)
         copies.setdefault(s.node, []).append((key, move.reload_at if move else s.before))
         if plan.decisions.get(s.node) is Decision.RECOMPUTE:
             for d in set(problem.nodes[s.node].deps):
-                reads[d].append(key)
+                recompute_reads.setdefault(d, []).append(key)
     out: dict[int, list[tuple[int, int]]] = {}
     for i, node in enumerate(problem.nodes):
         if node.resident or node.size == 0:
@@ -146,10 +143,14 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         if node.keep:
             out[i] = [(i, end)]
             continue
+        users = problem.users[i]
+        if i not in copies and i not in recompute_reads:  # one copy, read by ops only
+            out[i] = [(i, users[-1] if users else i)]
+            continue
         made = [((i, 1, 0), i), *sorted(copies.get(i, ()))]
         keys = [key for key, _ in made]
         last = [start for _, start in made]
-        for r in reads[i]:
+        for r in [*((u, 1, 0) for u in users), *recompute_reads.get(i, ())]:
             j = bisect.bisect_left(keys, r) - 1  # the latest copy made before the read
             if j >= 0:
                 last[j] = max(last[j], r[0])
