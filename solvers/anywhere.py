@@ -114,15 +114,12 @@ class Model:
 
 
 def recomputable(problem: Problem) -> list[int]:
-    """Values worth a recomputation: recomputable, taking memory, read again more than one
-    step after their own (otherwise nothing is freed in between)."""
-    out = []
-    for v, node in enumerate(problem.nodes):
-        if node.resident or node.keep or node.size == 0 or not node.recomputable:
-            continue
-        if max(problem.users[v], default=v) > v + 1:
-            out.append(v)
-    return out
+    """Values a recomputation may be worth: recomputable, taking memory, read by something.
+    A value read only at the next step is worth one too, as the input of a recomputed
+    reader (a chain)."""
+    return [v for v, node in enumerate(problem.nodes)
+            if node.recomputable and problem.users[v]
+            and not (node.resident or node.keep or node.size == 0)]
 
 
 def build(problem: Problem, *, copies: int = COPIES, minimize_peak: bool = False) -> Model:

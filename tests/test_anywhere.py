@@ -39,13 +39,14 @@ CFG = SolverConfig(workers=1, time_limit=30.0)
 
 def three_reads() -> Problem:
     """``a`` (4 B, 1 s) is read at steps 3, 6 and 7; two 20-byte bursts (x_i, y_i) lie
-    between. Within 20 B, ``a`` must be dead over both bursts: recomputed twice."""
+    between. Within 20 B, ``a`` must be dead over both bursts: recomputed twice. (The x_i
+    are not recomputable, which keeps the brute force small.)"""
     return P(
         node("a", size=4, time=1.0),  # 0
-        node("x1", size=10, time=5.0),  # 1
+        node("x1", size=10, time=5.0, recomputable=False),  # 1
         node("y1", 1, size=10, time=5.0),  # 2
         node("u1", 0, 2, size=0, time=1.0),  # 3 reads a
-        node("x2", size=10, time=5.0),  # 4
+        node("x2", size=10, time=5.0, recomputable=False),  # 4
         node("y2", 4, size=10, time=5.0),  # 5
         node("u2", 0, 5, size=0, time=1.0),  # 6 reads a
         node("out", 0, 3, 6, size=1, time=1.0),  # 7 reads a
@@ -192,3 +193,20 @@ def test_the_greedy_seed_is_judged_by_the_checker() -> None:
     fits = anywhere.greedy(p.with_budget(24))
     assert fits.plan is not None and check(p.with_budget(24), fits.plan).fits
     assert anywhere.greedy(p.with_budget(20)).plan is None  # needs two copies of a: no plan
+
+
+def test_a_chain_is_recomputed_when_its_reader_is() -> None:
+    """``b`` is read again at the end; so is ``a``'s only reader. Within 7 B, ``a`` (read
+    only at the next step) must be recomputed to recompute ``b``."""
+    p = P(
+        node("a", size=3, time=1.0),  # 0
+        node("b", 0, size=2, time=1.0),  # 1
+        node("big", size=5, time=1.0, recomputable=False),  # 2
+        node("c", 2, size=1, time=1.0),  # 3
+        node("out", 1, 3, size=1, time=1.0),  # 4 reads b
+    )
+    outcomes = brute_force(p, 2)
+    for budget in sorted({o.peak for o in outcomes}):
+        assert_matches_brute_force(p, budget, outcomes, 2)
+    result = anywhere.solve(p.with_budget(7), CFG)
+    assert result.plan is not None and set(result.plan.decisions) == {0, 1}
