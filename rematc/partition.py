@@ -296,6 +296,10 @@ def plan_for(problem: Problem, options: Options) -> Planned:
     unconstrained = save_all(problem)
     if unconstrained.plan is not None:
         return Planned(unconstrained, cached=False)
+    if problem.single_phase and problem.budget is not None and unconstrained.report is not None:
+        # No backward to recompute in: emission recomputes forward values in the backward
+        # only, so the forward's own peak is the least this graph can do.
+        raise InfeasibleBudgetError(problem.budget, unconstrained.report.peak)
     root = plancache.directory(options.cache_dir)
     digest = plancache.key(problem, options.solver) if root is not None else ""
     if root is not None:

@@ -205,3 +205,18 @@ def test_custom_op_compiles_with_fallback_cost(caplog: pytest.LogCaptureFixture)
     record = rematc.records()[-1]
     assert any(n.op.startswith("rematc_test") for n in record.problem.nodes)
     assert_same_step(reference, result, rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_without_backward_over_budget_is_infeasible_not_planned() -> None:
+    """Emission recomputes forward values in the backward only: with no backward, the
+    forward's own peak is the answer, not a single-phase plan it could not emit."""
+    from solvers import InfeasibleBudgetError, Problem, solve
+    from solvers.problem import node
+
+    problem = Problem(nodes=(
+        node("a", size=4), node("b", 0, size=1), node("x", size=6, recomputable=False),
+        node("y", 2, size=1), node("c", 0, 1, 3, size=1)), budget=8)
+    assert solve(problem).plan is not None  # recomputing a before c fits, in one phase
+    with pytest.raises(InfeasibleBudgetError) as info:
+        rematc.partition.plan_for(problem, Options.from_mapping({"budget": 8}))
+    assert info.value.min_feasible == 12
