@@ -225,10 +225,13 @@ def add_needed(m: Model) -> None:
 
 
 def add_chain(m: Model) -> None:
-    """R_w => S_u + R_u + O_u >= 1 for every candidate u that w reads."""
+    """R_w => S_u + R_u + O_u >= 1 for every candidate u that w reads, written
+    S_u + R_u + O_u >= R_w: the same on booleans, and a plain row CP-SAT's LP keeps
+    (an enforced one it drops at the default linearization), so the bound knows that a
+    recomputation needs its inputs."""
     for w in m.R:
         for u in _candidate_deps(m, w):
-            m.cp.add(m.kept(u) >= 1).only_enforce_if(m.R[w])
+            m.cp.add(m.kept(u) >= m.R[w])
 
 
 def add_anchor(m: Model) -> None:
