@@ -116,7 +116,7 @@ class Options:
 # What each solver option accepts beyond "non-negative", for the checks and the messages.
 _LIMITS: dict[str, tuple[float, str]] = {  # key: (largest value, note)
     "time_limit": (math.inf, " (seconds, greater than 0)"),
-    "workers": (math.inf, " (0 = one per core)"),
+    "workers": (math.inf, " (0 = 8, CP-SAT's full portfolio)"),
     "seed": (math.inf, ""),
     "gap": (1.0, " (a relative gap, at most 1: 0.05 stops within 5% of the bound)"),
     "step_gap": (1.0, " (a fraction of the step's time, at most 1: 0.01 stops within 1% of it)"),

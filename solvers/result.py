@@ -22,7 +22,7 @@ class Status(enum.Enum):
 @dataclass(frozen=True, kw_only=True)
 class SolverConfig:
     time_limit: float = 60.0  # seconds of wall time for one solve
-    workers: int = 0  # CP-SAT search workers; 0 = one per core
+    workers: int = 0  # CP-SAT search workers; 0 = 8, its full portfolio (sharing the cores)
     seed: int = 0  # CP-SAT random seed: same seed and workers, same plan
     relative_gap: float = 0.0  # stop once (objective - bound) / objective <= this
     # Stop once objective - bound <= this fraction of the step's estimated time (the sum of
