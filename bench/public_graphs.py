@@ -55,7 +55,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--all", action="store_true", help="every *_train_nx graph, not only the published ones")
     parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=0, help="CP-SAT workers (0: its 8-worker portfolio)")
     args = parser.parse_args()
     if not DATA.is_dir():
         print(f"skipped: benchmark graphs not found ({DATA.name} folder absent)")
