@@ -234,7 +234,7 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         if c:
             continue
         size = scale.mem(p.nodes[v].size)
-        reads = sorted(set(p.users[v]))
+        reads = set(p.users[v])
         last = p.last_step if p.nodes[v].keep else max(reads, default=v)
         for k in range(v, last + 1):
             if k == v or k in reads or p.nodes[v].keep or (v, 1) not in m.R:
