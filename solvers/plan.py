@@ -8,6 +8,10 @@ each value is rematerialized right before the first backward step that needs it,
 or through another rematerialized value, in topological order within a step; an offload
 is copied out beside the step after its last forward use and back beside the step before
 that first backward need.
+
+On a single-phase problem (no backward, :attr:`Problem.single_phase`) a plan names the
+recomputed values only, and its schedule may recompute a value several times, before any
+steps after its own (:mod:`solvers.anywhere`); every read takes the latest copy.
 """
 
 from __future__ import annotations
