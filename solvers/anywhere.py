@@ -66,7 +66,13 @@ from solvers.checker import Report, check, value_intervals
 from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
-from solvers.sat import make_solver, objective_seconds, proven_optimal, search_stats
+from solvers.sat import (
+    make_solver,
+    min_peak_result,
+    objective_seconds,
+    proven_optimal,
+    search_stats,
+)
 
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
 MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
@@ -425,14 +431,5 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *
     m = build(problem.with_budget(None), copies=copies, minimize_peak=True)
     solver = make_solver(config)
     code = solver.solve(m.cp)
-    wall = time.perf_counter() - t0
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=0.0, wall_time=wall, solver="cpsat-anywhere-min-peak")
-    plan = extract_plan(m, solver)
-    report = check(problem, plan)
-    return SolveResult(
-        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
-        plan=plan, report=report, objective=report.added_time, bound=0.0, wall_time=wall,
-        solver="cpsat-anywhere-min-peak", stats=search_stats(m.cp, solver, code),
-    )
+    return min_peak_result(problem, solver, code, lambda: extract_plan(m, solver), started=t0,
+                           name="cpsat-anywhere-min-peak", stats=search_stats(m.cp, solver, code))

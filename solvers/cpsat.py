@@ -98,7 +98,13 @@ from solvers.checker import check
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
-from solvers.sat import make_solver, objective_seconds, proven_optimal, search_stats
+from solvers.sat import (
+    make_solver,
+    min_peak_result,
+    objective_seconds,
+    proven_optimal,
+    search_stats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -487,17 +493,8 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     model = build(problem.with_budget(None), minimize_peak=True)
     solver = make_solver(config)
     code = solver.solve(model.cp)
-    wall = time.perf_counter() - t0
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=0.0, wall_time=wall, solver="cpsat-min-peak")
-    plan = extract_plan(model, solver)
-    report = check(problem, plan)
-    return SolveResult(
-        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
-        plan=plan, report=report, objective=report.added_time, bound=0.0, wall_time=wall,
-        solver="cpsat-min-peak", stats=solve_stats(model, solver, code),
-    )
+    return min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
+                           name="cpsat-min-peak", stats=solve_stats(model, solver, code))
 
 
 def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:

@@ -3,10 +3,15 @@ search statistics."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from ortools.sat.python import cp_model
 
+from solvers.checker import check
+from solvers.plan import Plan
 from solvers.problem import Problem
-from solvers.result import SolverConfig
+from solvers.result import SolverConfig, SolveResult, Status
 
 PORTFOLIO_WORKERS = 8  # CP-SAT search workers when the config says 0
 
@@ -52,3 +57,21 @@ def search_stats(
         "conflicts": solver.num_conflicts,
         "cp_status": solver.status_name(code),
     }
+
+
+def min_peak_result(problem: Problem, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus,
+                    read_plan: Callable[[], Plan], *, started: float, name: str,
+                    stats: dict[str, float | int | str]) -> SolveResult:
+    """The result of a minimum-peak search: its plan judged by the checker, status OPTIMAL
+    when the peak is proven least, UNKNOWN (no plan) when the search found none."""
+    wall = time.perf_counter() - started
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                           bound=0.0, wall_time=wall, solver=name)
+    plan = read_plan()
+    report = check(problem, plan)
+    return SolveResult(
+        status=Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE,
+        plan=plan, report=report, objective=report.added_time, bound=0.0, wall_time=wall,
+        solver=name, stats=stats,
+    )
