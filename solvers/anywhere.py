@@ -329,10 +329,7 @@ def _greedy_plan(problem: Problem) -> tuple[Plan, Report]:
 
 def _read_steps(problem: Problem, plan: Plan) -> list[set[int]]:
     """The steps at which each value is read: by ops, and by scheduled recomputations."""
-    out: list[set[int]] = [set() for _ in problem.nodes]
-    for u, node in enumerate(problem.nodes):
-        for d in node.deps:
-            out[d].add(u)
+    out = [set(users) for users in problem.users]
     for s in plan.schedule:
         for d in problem.nodes[s.node].deps:
             out[d].add(s.before)
