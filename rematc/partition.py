@@ -244,7 +244,7 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
                   name: str = "joint") -> tuple[fx.GraphModule, Captured]:
     """prepare -> annotate -> capture: the joint graph as planned, and its problem.
 
-    ``fuses``: the emitted graphs go to Inductor (recomputed pointwise ops fuse)."""
+    ``fuses``: the emitted graphs go to Inductor (pointwise ops fuse into their readers)."""
     joint = prepare(gm)
     shape_env = shape_env_of(joint)
     # Costs and layout checks are at the size hints: reading a symbolic size must not guard
@@ -253,7 +253,7 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
         costs = annotate(joint, device, fuses=fuses)
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
-                           host_bandwidth=device.host_bandwidth, name=name)
+                           host_bandwidth=device.host_bandwidth, name=name, fuse=fuses)
     warn_fallback_costs(costs, joint)
     return joint, captured
 

@@ -1,0 +1,129 @@
+"""Capture under Inductor: pointwise values Inductor inlines into their readers are folded
+into the readers' values (``rematc.capture.fused_groups``), and only there."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._inductor.decomposition import select_decomp_table
+
+from rematc.capture import Captured
+from rematc.devices import profile_for
+from rematc.partition import capture_stage
+from solvers import check
+from solvers.baselines import plan_with
+
+
+class Mlp(nn.Module):
+    """Linear, GELU-tanh (a chain of pointwise ops with a tanh), linear, a pointwise tail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 64)
+        self.down = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.up(x), approximate="tanh")
+        y = self.down(h)
+        return ((y * 2.0 + 1.0) ** 2).mean()
+
+
+def joint_graph() -> tuple[fx.GraphModule, dict[str, Any]]:
+    """The Mlp's joint graph (Inductor's decompositions) and the partitioner's arguments."""
+    grabbed: dict[str, Any] = {}
+
+    def grab(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        grabbed.update(gm=copy.deepcopy(gm), kwargs=kwargs)
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+
+    torch._dynamo.reset()
+    model = Mlp()
+    nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+    backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=grab,
+                           decompositions=select_decomp_table())
+    torch.compile(model, backend=backend)(torch.randn(32, 16))
+    return grabbed["gm"], grabbed["kwargs"]
+
+
+def captured(gm: fx.GraphModule, kwargs: dict[str, Any], *, fuses: bool) -> Captured:
+    _, c = capture_stage(copy.deepcopy(gm), profile_for("cpu"), fuses=fuses,
+                         num_fwd_outputs=kwargs["num_fwd_outputs"],
+                         static=list(kwargs.get("static_lifetime_input_indices") or []))
+    return c
+
+
+@pytest.fixture(scope="module")
+def both() -> tuple[Captured, Captured]:
+    """The same joint graph captured plainly and with Inductor's fusion folded in."""
+    gm, kwargs = joint_graph()
+    return captured(gm, kwargs, fuses=False), captured(gm, kwargs, fuses=True)
+
+
+def _op(n: fx.Node) -> str:
+    return n.target._opname if isinstance(n.target, torch._ops.OpOverload) else ""
+
+
+def folded_heads(plain: Captured, fused: Captured) -> list[tuple[int, tuple[fx.Node, ...]]]:
+    """The values of the plain capture that are no value of the fused one."""
+    heads = {g[0].name for g in fused.groups}
+    return [(i, g) for i, g in enumerate(plain.groups) if g[0].name not in heads]
+
+
+def test_folding_keeps_every_node_and_drops_only_pointwise_values(both: tuple[Captured, Captured]) -> None:
+    plain, fused = both
+    assert len(fused.problem.nodes) < len(plain.problem.nodes)
+    names = lambda c: {n.name for g in c.groups for n in g}  # noqa: E731
+    assert names(fused) == names(plain)  # nothing lost
+    folded = folded_heads(plain, fused)
+    assert folded
+    for i, g in folded:
+        head = g[0]
+        assert torch.Tag.pointwise in head.target.tags or not head.all_input_nodes, head.format_node()
+        assert not plain.problem.nodes[i].keep
+
+
+def test_folded_value_sits_in_every_reader(both: tuple[Captured, Captured]) -> None:
+    """A folded value is computed in the value of each op that reads it (its kernel)."""
+    plain, fused = both
+    for _, g in folded_heads(plain, fused):
+        readers = {u.name for n in g for u in n.users if u not in g}
+        kernels = [{n.name for n in h} for h in fused.groups]
+        for u in readers:
+            assert any(u in k and g[0].name in k for k in kernels), f"{g[0].name} not with {u}"
+
+
+def test_extern_inputs_and_values_read_twice_stay_values(both: tuple[Captured, Captured]) -> None:
+    """A matmul reads a buffer; a value read by two ops is stored."""
+    _, fused = both
+    heads = {g[0] for g in fused.groups}
+    for g in fused.groups:
+        for n in g:
+            for a in n.all_input_nodes:
+                if _op(n) in ("mm", "addmm") and a.op == "call_function" and _op(a) not in ("view", "t", "permute"):
+                    assert a in heads, f"{a.name} feeds a matmul but was folded"
+    twice = [n for g in fused.groups for n in g if _op(n) == "tanh" and len(n.users) > 1]
+    assert twice and all(n in heads for n in twice)
+
+
+def test_fused_problem_costs_no_more(both: tuple[Captured, Captured]) -> None:
+    plain, fused = both
+    p0, p1 = plain.problem, fused.problem
+    # The GELU-tanh backward is one chain of pointwise ops ending in a matmul: one kernel.
+    backward = lambda p: len(p.nodes) - p.n_forward  # noqa: E731
+    assert backward(p1) < backward(p0) / 2
+    assert check(p1, plan_with(p1, set())).peak <= check(p0, plan_with(p0, set())).peak
+    # Recomputing everything costs no more once inlined pointwise ops cost nothing extra.
+    all0 = check(p0, plan_with(p0, {v for v in p0.candidates if p0.nodes[v].recomputable}))
+    all1 = check(p1, plan_with(p1, {v for v in p1.candidates if p1.nodes[v].recomputable}))
+    assert all1.added_time <= all0.added_time + 1e-12
+    assert math.isclose(sum(n.flops for n in p0.nodes), sum(n.flops for n in p1.nodes))
