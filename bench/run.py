@@ -36,7 +36,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as ``python bench/run.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import configs, models
+from bench import configs, models, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -140,7 +140,7 @@ def finish(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         r = dict(r)
-        r["matches"] = MATCHES.get(r["config"], "")
+        r["matches"] = MATCHES.get(r["config"], r.get("matches") or "")
         if base and r.get("ok") and r.get("step_s") is not None:
             r["vs_compile"] = r["step_s"] / base
         out.append(r)
@@ -156,7 +156,7 @@ def write_tables(model: str, rows: Sequence[dict[str, Any]], args: argparse.Name
         w.writeheader()
         for r in rows:
             w.writerow({k: _csv_value(r.get(k)) for k in COLUMNS})
-    (out / f"{model}.md").write_text(markdown(model, rows, args))
+    (out / f"{model}.md").write_text(markdown(model, rows, args) + summary.markdown(rows))
 
 
 def _csv_value(v: Any) -> Any:

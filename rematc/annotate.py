@@ -53,6 +53,7 @@ class NodeCost:
     is_pointwise: bool  # tagged pointwise: Inductor fuses it into its consumer
     time: float  # seconds, roofline estimate
     recompute_time: float  # seconds to recompute it in the backward (see recompute_cost)
+    workspace: int = 0  # bytes the op allocates beside its outputs while it runs (workspace_bytes)
 
 
 def annotate(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool = False) -> dict[fx.Node, NodeCost]:
@@ -113,7 +114,7 @@ def _cost(
         key = StorageWeakRef(t.untyped_storage())
         first = owners.setdefault(key, node)
         if first is node:
-            nbytes += _storage_bytes(t)
+            nbytes += storage_bytes(t)
         owner = owner or first
     owner = owner or node
     is_view = owner is not node
@@ -146,7 +147,21 @@ def _cost(
         is_pointwise=pointwise,
         time=time,
         recompute_time=recompute_cost(time, pointwise=pointwise, fuses=fuses, device=device),
+        workspace=workspace_bytes(node),
     )
+
+
+def workspace_bytes(node: fx.Node) -> int:
+    """Bytes an op allocates for itself while it runs, beside its outputs (measured with
+    the profiler's allocator events): on CPU, oneDNN's ``convolution_backward`` computes
+    the weight's gradient in its own blocked layout and reorders it into the output,
+    through two more buffers of the gradient's size."""
+    if node.target is torch.ops.aten.convolution_backward.default:
+        val = node.meta.get("val")
+        grad_weight = val[1] if isinstance(val, (tuple, list)) and len(val) > 1 else None
+        if isinstance(grad_weight, torch.Tensor) and grad_weight.device.type == "cpu":
+            return 2 * storage_bytes(grad_weight)
+    return 0
 
 
 def recompute_cost(time: float, *, pointwise: bool, fuses: bool, device: DeviceProfile) -> float:
@@ -194,9 +209,9 @@ def _val(a: Any) -> Any:
 
 
 def _val_bytes(node: fx.Node) -> int:
-    return sum(_storage_bytes(t) for t in tensors(node.meta.get("val")))
+    return sum(storage_bytes(t) for t in tensors(node.meta.get("val")))
 
 
-def _storage_bytes(t: torch.Tensor) -> int:
+def storage_bytes(t: torch.Tensor) -> int:
     # Symbolic sizes (dynamic shapes) are planned at their size hint, as the partitioner does.
     return int(optimization_hint(t.untyped_storage().nbytes(), fallback=4096))

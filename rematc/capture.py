@@ -8,8 +8,10 @@ The joint graph holds the forward and the backward of one training step. Here we
    ``getitem`` of a multi-output op belongs to the value that owns its storage
    (:mod:`rematc.annotate`), so saving or freeing it is one decision and its bytes
    count once; nodes without tensor output (symbolic sizes) pass their inputs through;
-3. under Inductor, fold a pointwise value into the one op that reads it (``fuse``): Inductor
-   inlines it into that op's kernel, so its storage never exists (:func:`fused_into`);
+3. under Inductor (``inductor``), fold a pointwise value into the one op that reads it:
+   Inductor inlines it into that op's kernel, so its storage never exists
+   (:func:`fused_groups`); and count the channels-last copies of the inputs and weights
+   of convolutions that Inductor's layout optimization makes (:func:`layout_copies`);
 4. order the backward as the emitted graph will run it: autograd's order, with each
    node's not-yet-computed backward inputs placed just before it (what
    ``reordering_to_mimic_autograd_engine`` does to the emitted backward).
@@ -18,7 +20,7 @@ The joint graph holds the forward and the backward of one training step. Here we
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,9 +33,10 @@ from torch._functorch.partitioners import (
     _is_tangent,
     classify_nodes,
 )
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
-from rematc.annotate import NodeCost
+from rematc.annotate import NodeCost, storage_bytes
 from solvers import Node, Problem
 
 
@@ -55,7 +58,7 @@ def capture(
     static_lifetime_input_indices: Sequence[int] = (),
     host_bandwidth: float = 0.0,
     name: str = "joint",
-    fuse: bool = False,
+    inductor: bool = False,
 ) -> Captured:
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     nodes: list[fx.Node] = [n for n in joint.graph.nodes if n.op != "output"]
@@ -75,7 +78,10 @@ def capture(
     for n, o in owner.items():
         if o.op == "placeholder" and (_is_primal(o) or _is_fwd_seed_offset(o)):
             owner[n] = n
-    order = [n for n in nodes if n in forward] + _backward_order(nodes, forward)
+    own_size = split_kept_elements(nodes, owner, kept)
+    copied = layout_copies(joint, forward) if inductor else {}
+    own_size.update(copied)
+    order = _just_in_time(copied, [n for n in nodes if n in forward]) + _backward_order(nodes, forward)
     owners: list[fx.Node] = [n for n in order if owner.get(n) is n]
     value_of: dict[fx.Node, int] = {n: i for i, n in enumerate(owners)}
     groups: list[list[fx.Node]] = [[o] for o in owners]
@@ -84,7 +90,7 @@ def capture(
             value_of[n] = value_of[owner[n]]
             groups[value_of[n]].append(n)
     inlined: frozenset[fx.Node] = frozenset()
-    if fuse:
+    if inductor:
         groups, inlined = fused_groups(groups, value_of, forward, costs, kept)
         value_of = {}
         for i, group in enumerate(groups):  # an inlined node: the first value inlining it
@@ -121,17 +127,86 @@ def capture(
                 op=_op_name(head),
                 deps=tuple(sorted(deps)),
                 backward=head not in forward,
-                size=costs[head].nbytes,
+                # An op's workspace lives while it runs: counted with its value, which is
+                # an overcount for the steps its outputs outlive it.
+                size=own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
                 time=sum(costs[n].recompute_time for n in own),
                 flops=sum(costs[n].flops for n in own),
                 recomputable=_recomputable(group, costs),
                 offloadable=_offloadable(group, costs),
-                resident=_is_primal(head) or _is_fwd_seed_offset(head),
+                resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
             )
         )
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward)
+
+
+def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx.Node, int]:
+    """Inputs and parameters Inductor copies into channels-last layout, with their bytes.
+
+    When Inductor's layout optimization is on for a graph with convolutions (always on
+    CPU with oneDNN: ``GraphLowering.decide_layout_opt``), every convolution reads its
+    input and weight in channels-last layout; a graph input in another layout (the
+    images, a weight) is copied, and the backward's convolution gradient reads the
+    forward's copy, which the forward saves. So the copy lives from the input's first
+    convolution to its last reader, where the input itself costs nothing."""
+    from torch._inductor.graph import GraphLowering
+
+    if not GraphLowering.decide_layout_opt(joint, is_inference=False):
+        return {}
+    out: dict[fx.Node, int] = {}
+    for n in joint.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default):
+        if n not in forward:
+            continue
+        for a in n.args[:2]:
+            val = a.meta.get("val") if isinstance(a, fx.Node) else None
+            if (a.op == "placeholder" and _is_primal(a) and isinstance(val, torch.Tensor) and val.dim() == 4
+                    and not val.is_contiguous(memory_format=torch.channels_last)):
+                out[a] = storage_bytes(val)
+    return out
+
+
+def _just_in_time(moved: Collection[fx.Node], order: list[fx.Node]) -> list[fx.Node]:
+    """``order`` with each node of ``moved`` right before its first reader (a copy is made
+    there, not when the step starts)."""
+    if not moved:
+        return order
+    rest = [n for n in order if n not in moved]
+    position = {n: k for k, n in enumerate(rest)}
+    before: dict[int, list[fx.Node]] = {}
+    for n in moved:
+        first = min((position[u] for u in n.users if u in position), default=0)
+        before.setdefault(first, []).append(n)
+    return [m for k, n in enumerate(rest) for m in (*before.get(k, []), n)]
+
+
+def split_kept_elements(nodes: Sequence[fx.Node], owner: dict[fx.Node, fx.Node],
+                        kept: set[fx.Node]) -> dict[fx.Node, int]:
+    """Make each kept element of a multi-output op a value of its own; return their sizes.
+
+    ``convolution_backward`` returns the input's gradient and the weight's: as one value,
+    the input's gradient would stay to the end of the step with the weight's. Split off,
+    the kept element lives to the end and the op's value dies with its last other reader.
+    The op's value keeps counting the element's bytes too (they are allocated while the
+    op runs, before the element's own step): an overcount for the few steps the op's
+    other outputs live, never an undercount. The element's views go with it."""
+    sizes: dict[fx.Node, int] = {}
+    multi = {o for n, o in owner.items() if n is not o and n.target is operator.getitem}
+    by_storage: dict[fx.Node, dict[StorageWeakRef, list[fx.Node]]] = {op: {} for op in multi}
+    for n in nodes:  # in graph order: an element's getitem comes before its views
+        val = n.meta.get("val")
+        if owner.get(n) in multi and n is not owner[n] and isinstance(val, torch.Tensor):
+            by_storage[owner[n]].setdefault(StorageWeakRef(val.untyped_storage()), []).append(n)
+    for op, storages in by_storage.items():
+        for members in storages.values():
+            heads = [n for n in members if n.target is operator.getitem and n.args[0] is op]
+            if not heads or not any(n in kept for n in members):
+                continue
+            for n in members:
+                owner[n] = heads[0]
+            sizes[heads[0]] = storage_bytes(heads[0].meta["val"])
+    return sizes
 
 
 # Views Inductor applies to an unrealized pointwise result by re-indexing its loader, so

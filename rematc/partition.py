@@ -253,7 +253,7 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
         costs = annotate(joint, device, fuses=fuses)
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
-                           host_bandwidth=device.host_bandwidth, name=name, fuse=fuses)
+                           host_bandwidth=device.host_bandwidth, name=name, inductor=fuses)
     warn_fallback_costs(costs, joint)
     return joint, captured
 

@@ -1,5 +1,7 @@
-"""Capture under Inductor: pointwise values Inductor inlines into their readers are folded
-into the readers' values (``rematc.capture.fused_groups``), and only there."""
+"""Capture for Inductor codegen: pointwise values Inductor inlines into their readers are
+folded into the readers' values (``rematc.capture.fused_groups``), and only there; the
+channels-last copies Inductor makes for convolutions count; a convolution's kept weight
+gradient is a value of its own, and its workspace is counted."""
 
 from __future__ import annotations
 
@@ -38,8 +40,23 @@ class Mlp(nn.Module):
         return ((y * 2.0 + 1.0) ** 2).mean()
 
 
-def joint_graph() -> tuple[fx.GraphModule, dict[str, Any]]:
-    """The Mlp's joint graph (Inductor's decompositions) and the partitioner's arguments."""
+class Cnn(nn.Module):
+    """Two convolutions (a 3x3 weight, which Inductor copies to channels-last, and a 1x1
+    one, which is channels-last already) and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.point = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.point(F.relu(self.conv(x)))
+        return self.head(h.mean((2, 3))).square().mean()
+
+
+def joint_graph(model: nn.Module | None = None, x: torch.Tensor | None = None) -> tuple[fx.GraphModule, dict[str, Any]]:
+    """A model's joint graph (Inductor's decompositions) and the partitioner's arguments."""
     grabbed: dict[str, Any] = {}
 
     def grab(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
@@ -47,11 +64,11 @@ def joint_graph() -> tuple[fx.GraphModule, dict[str, Any]]:
         return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
 
     torch._dynamo.reset()
-    model = Mlp()
+    model = model or Mlp()
     nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
     backend = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=grab,
                            decompositions=select_decomp_table())
-    torch.compile(model, backend=backend)(torch.randn(32, 16))
+    torch.compile(model, backend=backend)(torch.randn(32, 16) if x is None else x)
     return grabbed["gm"], grabbed["kwargs"]
 
 
@@ -127,3 +144,34 @@ def test_fused_problem_costs_no_more(both: tuple[Captured, Captured]) -> None:
     all1 = check(p1, plan_with(p1, {v for v in p1.candidates if p1.nodes[v].recomputable}))
     assert all1.added_time <= all0.added_time + 1e-12
     assert math.isclose(sum(n.flops for n in p0.nodes), sum(n.flops for n in p1.nodes))
+
+
+@pytest.fixture(scope="module")
+def cnn() -> Captured:
+    gm, kwargs = joint_graph(Cnn(), torch.randn(2, 3, 8, 8))
+    return captured(gm, kwargs, fuses=True)
+
+
+def test_channels_last_copies_count_from_their_first_convolution(cnn: Captured) -> None:
+    p = cnn.problem
+    by_name = {n.name: (i, n) for i, n in enumerate(p.nodes)}
+    convs = [g[0] for g in cnn.groups if _op(g[0]) == "convolution"]
+    big, point = (c.args[1] for c in convs)  # the 3x3 and the 1x1 weights
+    i, copy = by_name[big.name]
+    assert not copy.resident and copy.size == 8 * 3 * 3 * 3 * 4 and not copy.recomputable
+    assert i == by_name[convs[0].name][0] - 1  # placed right before the convolution
+    images = convs[0].args[0]
+    assert not by_name[images.name][1].resident  # the images are copied too
+    assert by_name[point.name][1].resident  # a 1x1 weight is channels-last already
+
+
+def test_kept_weight_gradient_is_its_own_value(cnn: Captured) -> None:
+    p = cnn.problem
+    backward_convs = [(i, n) for i, n in enumerate(p.nodes) if n.op == "aten.convolution_backward"]
+    assert backward_convs
+    for i, node in backward_convs:
+        assert not node.keep  # the input's gradient dies with its last reader
+        kept = [p.nodes[u] for u in p.users[i] if p.nodes[u].keep and p.nodes[u].op == "getitem"]
+        assert kept, "the weight gradient is a kept value of its own"
+        weight_grad = max(k.size for k in kept)
+        assert node.size >= 3 * weight_grad  # outputs plus oneDNN's two weight-sized buffers
