@@ -185,7 +185,8 @@ def markdown(model: str, rows: Sequence[dict[str, Any]], args: argparse.Namespac
         f"{spec.note}; batch {batch}{' (toy sizes)' if args.small else ''}, fp32, CPU. "
         f"Peak: `rematc.memory.profiler_peak` of one step, bytes above the pre-step live set "
         f"(includes the gradients). Step: median of {args.steps} steps after {args.warmup} "
-        f"warm-up, default malloc; ratio to `compile_default` of the same run. Compile: first "
+        f"warm-up, default malloc, {args.threads or 'default'} torch thread(s); ratio to "
+        f"`compile_default` of the same run. Compile: first "
         f"step less the median. Each configuration in a fresh process, Inductor caches off. "
         f"rematc codegen: {args.rematc_compiler}. Machine and versions: `machine.json`.", "",
         "| config | peak MiB | " + ("RSS MiB | " if args.rss else "")
