@@ -2,7 +2,7 @@
 
 Each (model, configuration) runs in a fresh process (``bench/worker.py``, Inductor caches
 off). For every model it writes ``<model>.csv``, ``<model>.md`` and ``<model>-pareto.png``
-(peak against step time, Pareto front marked) under ``--out``, and ``machine.json`` (CPU,
+(peak against step time, Pareto front marked) under ``--out``, and ``machine-<model>.json`` (CPU,
 cores, memory, library versions, date, the command line). Configurations are listed in
 ``bench/configs.py``; step-time ratios are to ``compile_default`` of the same run.
 
@@ -188,7 +188,7 @@ def markdown(model: str, rows: Sequence[dict[str, Any]], args: argparse.Namespac
         f"warm-up, default malloc, {args.threads or 'default'} torch thread(s); ratio to "
         f"`compile_default` of the same run. Compile: first "
         f"step less the median. Each configuration in a fresh process, Inductor caches off. "
-        f"rematc codegen: {args.rematc_compiler}. Machine and versions: `machine.json`.", "",
+        f"rematc codegen: {args.rematc_compiler}. Machine and versions: `machine-{model}.json`.", "",
         "| config | peak MiB | " + ("RSS MiB | " if args.rss else "")
         + "step s | vs compile | compile s | rematc predicted peak MiB | predicted overhead "
         "| added FLOPs | solve s | solver | loss |",
@@ -342,8 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = machine_info(argv)
     info["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
-    (out / "machine.json").write_text(json.dumps(info, indent=2) + "\n")
     for model in args.models:
+        (out / f"machine-{model}.json").write_text(json.dumps(info, indent=2) + "\n")
         print(f"{model}: {models.MODELS[model].note}", flush=True)
         rows = run_model(model, args.configs, args)
         plot(model, finish(rows), out / f"{model}-pareto.png")

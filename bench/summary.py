@@ -3,8 +3,8 @@ at that configuration's measured peak, and how close rematc's predicted peaks ca
 
 ``bench/run.py --match`` adds the rows this reads (``rematc_<bytes>`` and
 ``rematc_knapsack_<bytes>`` at the measured peak of each PyTorch configuration); run.py
-appends :func:`markdown` to each model's table. To redo the tables of a finished run
-from its CSV (after changing this file, say):
+appends :func:`markdown` to each model's table. To redo the table and the plot of a
+finished run from its CSV (after changing this file, say):
 
     python -m bench.summary bench/results/llama.csv
 """
@@ -119,20 +119,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("csv", type=Path, help="a <model>.csv written by bench/run.py")
     p.add_argument("--machine", type=Path, default=None,
-                   help="the run's machine JSON (default: machine-<model>.json, else machine.json, beside the CSV)")
+                   help="the run's machine JSON (default: machine-<model>.json beside the CSV)")
     a = p.parse_args(argv)
     rows = read_rows(a.csv)
     model = a.csv.stem
-    machine = a.machine or next((m for m in (a.csv.with_name(f"machine-{model}.json"),
-                                             a.csv.with_name("machine.json")) if m.exists()), None)
-    settings = json.loads(machine.read_text()).get("settings", {}) if machine else {}
+    machine = a.machine or a.csv.with_name(f"machine-{model}.json")
+    settings = json.loads(machine.read_text()).get("settings", {}) if machine.exists() else {}
     args = run.parse_args([])
     for k, v in settings.items():
         if hasattr(args, k) and k not in ("models", "configs", "out"):
             setattr(args, k, v)
-    args.out = str(a.csv.parent)
-    run.write_tables(model, rows, args)
-    run.plot(model, run.finish(rows), a.csv.parent / f"{model}-pareto.png")
+    finished = run.finish(rows)
+    (a.csv.parent / f"{model}.md").write_text(run.markdown(model, finished, args) + markdown(finished))
+    run.plot(model, finished, a.csv.parent / f"{model}-pareto.png")
     print((a.csv.parent / f"{model}.md").read_text())
     return 0
 

@@ -2,7 +2,7 @@
 
 The full benchmark is not part of the tests. Here: ``python -m bench.run`` on the tiny GPT
 with two configurations (eager, and rematc at 90% with eager codegen, so no Inductor
-compile) writes the CSV, the Markdown table, the Pareto plot and ``machine.json``; plus
+compile) writes the CSV, the Markdown table, the Pareto plot and ``machine-<model>.json``; plus
 fast in-process checks of the pieces the run does not reach (the toy-size models under
 checkpointing, the knapsack baseline hook, the Pareto front).
 """
@@ -57,7 +57,7 @@ def test_harness_writes_tables_plot_and_machine(tmp_path: Path) -> None:
     table = (tmp_path / "gpt_tiny.md").read_text()
     assert "| eager |" in table and "| rematc_90% |" in table
     assert (tmp_path / "gpt_tiny-pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    machine = json.loads((tmp_path / "machine.json").read_text())
+    machine = json.loads((tmp_path / "machine-gpt_tiny.json").read_text())
     assert machine["versions"]["torch"] == torch.__version__
     assert machine["cores"] and machine["date"]
     assert str(tmp_path) not in json.dumps(machine)  # no machine's paths recorded
