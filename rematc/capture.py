@@ -160,8 +160,10 @@ def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx
         if n not in forward:
             continue
         for a in n.args[:2]:
-            val = a.meta.get("val") if isinstance(a, fx.Node) else None
-            if (a.op == "placeholder" and _is_primal(a) and isinstance(val, torch.Tensor) and val.dim() == 4
+            if not (isinstance(a, fx.Node) and a.op == "placeholder" and _is_primal(a)):
+                continue
+            val = a.meta.get("val")
+            if (isinstance(val, torch.Tensor) and val.dim() == 4
                     and not val.is_contiguous(memory_format=torch.channels_last)):
                 out[a] = storage_bytes(val)
     return out
