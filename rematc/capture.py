@@ -92,10 +92,7 @@ def capture(
     inlined: frozenset[fx.Node] = frozenset()
     if inductor:
         groups, inlined = fused_groups(groups, value_of, forward, costs, kept)
-        value_of = {}
-        for i, group in enumerate(groups):  # an inlined node: the first value inlining it
-            for n in group:
-                value_of.setdefault(n, i)
+        value_of = {n: i for i, group in enumerate(groups) for n in group}
 
     deps_memo: dict[fx.Node, frozenset[int]] = {}
 
@@ -111,13 +108,7 @@ def capture(
     problem_nodes: list[Node] = []
     for i, group in enumerate(groups):
         head = group[0]
-        members = set(group)
-        deps: set[int] = set()
-        for n in group:
-            for a in n.all_input_nodes:
-                if a not in members:
-                    deps |= {value_of[a]} if a in value_of else value_deps(a)
-        deps.discard(i)
+        deps = set().union(*(value_deps(n) for n in group)) - {i}
         # An inlined node runs inside the kernel of the op that reads it: no time of its
         # own, and a recomputation of that op recomputes it at no extra pass over memory.
         own = [n for n in group if n not in inlined]
