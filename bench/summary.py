@@ -60,10 +60,9 @@ def _cells(row: dict[str, Any] | None) -> str:
     if row is None:
         return "not run | |"
     if not row.get("ok"):
-        error = str(row.get("error") or "")
-        if "smallest feasible budget is" in error:
-            least = error.split("smallest feasible budget is")[1].split("(")[1].split(")")[0]
-            return f"infeasible (least predicted {least}) | |"
+        least = row.get("min_feasible_bytes")
+        if least is not None:  # an infeasible budget: the worker recorded the smallest feasible
+            return f"infeasible (least predicted {least / MiB:.2f} MiB) | |"
         return "no plan | |"
     return f"{row['peak_bytes'] / MiB:.1f} | {row['vs_compile']:.2f}× |"
 
