@@ -133,6 +133,8 @@ def _planning(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=_non_negative(float), default=60.0, help="seconds (CP-SAT)")
     p.add_argument("--workers", type=_non_negative(int), default=0, help="CP-SAT workers; 0: one per core")
     p.add_argument("--seed", type=_non_negative(int), default=0, help="CP-SAT random seed")
+    p.add_argument("--stall-time", type=_non_negative(float), default=0.0,
+                   help="stop once no better plan has been found for this many seconds (0: never)")
 
 
 def _non_negative(kind: type[int] | type[float]) -> Any:
@@ -259,7 +261,8 @@ def with_budget(problem: Problem, args: argparse.Namespace) -> Budgeted:
         budget = problem.budget
     else:
         budget = parse_budget(args.budget).resolve(before.peak)
-    config = SolverConfig(time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    config = SolverConfig(time_limit=args.time_limit, workers=args.workers, seed=args.seed,
+                          stall_time=args.stall_time)
     return Budgeted(problem.with_budget(budget), before.peak, config)
 
 

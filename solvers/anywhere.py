@@ -67,10 +67,12 @@ from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
+    Watch,
     make_solver,
     min_peak_result,
     objective_seconds,
     proven_optimal,
+    search,
     search_stats,
 )
 
@@ -385,11 +387,11 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
 
 
 def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.CpSolver,
-           code: cp_model.CpSolverStatus, *, started: float) -> SolveResult:
+           code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False) -> SolveResult:
     """As :func:`solvers.cpsat.finish`: the checker's verdict on the plan found,
     :class:`InfeasibleBudgetError` with the smallest feasible budget, or status UNKNOWN."""
     wall = time.perf_counter() - started
-    stats = search_stats(m.cp, solver, code)
+    stats = search_stats(m.cp, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         low = min_feasible_peak(problem, config, copies=m.copies)
@@ -417,8 +419,9 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, copies: in
     value (see :func:`solvers.cpsat.solve` for the statuses and the infeasible case)."""
     t0 = time.perf_counter()
     m, solver = prepare(problem, config, copies=copies)
-    code = solver.solve(m.cp)
-    return finish(problem, config, m, solver, code, started=t0)
+    watch = Watch()
+    code = search(solver, m.cp, config, watch)
+    return finish(problem, config, m, solver, code, started=t0, stalled=watch.stalled)
 
 
 def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,

@@ -99,10 +99,12 @@ from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
+    Watch,
     make_solver,
     min_peak_result,
     objective_seconds,
     proven_optimal,
+    search,
     search_stats,
 )
 
@@ -425,8 +427,9 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     """
     t0 = time.perf_counter()
     model, solver = prepare(problem, config)
-    code = solver.solve(model.cp)
-    return finish(problem, config, model, solver, code, started=t0)
+    watch = Watch()
+    code = search(solver, model.cp, config, watch)
+    return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
 
 
 def prepare(problem: Problem, config: SolverConfig) -> tuple[Model | anywhere.Model, cp_model.CpSolver]:
@@ -452,14 +455,15 @@ def prepare(problem: Problem, config: SolverConfig) -> tuple[Model | anywhere.Mo
 
 
 def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model,
-           solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, started: float) -> SolveResult:
+           solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, started: float,
+           stalled: bool = False) -> SolveResult:
     """The result of a finished (or stopped) search: the checker's verdict on its plan,
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
     infeasible, status UNKNOWN when no plan was found."""
     if isinstance(model, anywhere.Model):
-        return anywhere.finish(problem, config, model, solver, code, started=started)
+        return anywhere.finish(problem, config, model, solver, code, started=started, stalled=stalled)
     wall = time.perf_counter() - started
-    stats = solve_stats(model, solver, code)
+    stats = solve_stats(model, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         peak = min_feasible_peak(problem, config)
@@ -552,6 +556,7 @@ def _timed(m: Model, name: str, family: Callable[[Model], None]) -> None:
 
 
 def solve_stats(
-    model: Model, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus
+    model: Model, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, stalled: bool = False
 ) -> dict[str, float | int | str]:
-    return {**search_stats(model.cp, solver, code), **{f"n_{k}": v for k, v in model.sizes.items()}}
+    return {**search_stats(model.cp, solver, code, stalled=stalled),
+            **{f"n_{k}": v for k, v in model.sizes.items()}}

@@ -14,6 +14,9 @@ run in a worker thread, watched from the calling thread.
   re-registered first (:func:`restore_sigint`): a CP-SAT solve that did catch SIGINT
   leaves the signal's disposition at the default, which kills the process.
 
+A stop by ``config.stall_time`` (:func:`solvers.sat.search`) is not an interruption: it is
+the search's own limit, like the time limit, and shows as ``result.stats["stopped"]``.
+
 The search runs in a worker thread because a Python signal handler only runs when the
 main thread executes bytecode, not while it waits inside ``CpSolver.solve``.
 """
@@ -31,6 +34,7 @@ from ortools.sat.python import cp_model
 from solvers import anywhere, cpsat
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult
+from solvers.sat import Watch, search
 
 
 @dataclass(frozen=True)
@@ -58,27 +62,25 @@ class Watched:
     model: cpsat.Model | anywhere.Model  # the CP-SAT model that was solved (for dumps)
 
 
-class _Watcher(cp_model.CpSolverSolutionCallback):
+class _Watcher(Watch):
     """Records each incumbent; called from CP-SAT's threads."""
 
     def __init__(self, model: cpsat.Model | anywhere.Model, t0: float) -> None:
         super().__init__()
         self._model = model
         self._t0 = t0
-        self._lock = threading.Lock()
         self.objective: float | None = None
         self.bound = 0.0
-        self.solutions = 0
 
     def on_solution_callback(self) -> None:
         objective = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.objective_value)
         bound = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.best_objective_bound)
-        with self._lock:
+        with self.lock:
             self.objective, self.bound = objective, min(bound, objective)
-            self.solutions += 1
+        super().on_solution_callback()
 
     def snapshot(self) -> Incumbent:
-        with self._lock:
+        with self.lock:
             return Incumbent(self.objective, self.bound, time.perf_counter() - self._t0, self.solutions)
 
 
@@ -104,7 +106,7 @@ def solve_watched(
 
     def run() -> None:
         try:
-            codes.append(solver.solve(model.cp, watcher))
+            codes.append(search(solver, model.cp, config, watcher))
         except BaseException as e:  # re-raised in the calling thread
             errors.append(e)
         finally:
@@ -133,7 +135,7 @@ def solve_watched(
     worker.join()
     if errors:
         raise errors[0]
-    result = cpsat.finish(problem, config, model, solver, codes[0], started=t0)
+    result = cpsat.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled)
     return Watched(result, interrupted, model)
 
 

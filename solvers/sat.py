@@ -3,6 +3,7 @@ search statistics."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,51 @@ def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     return s
 
 
+class Watch(cp_model.CpSolverSolutionCallback):
+    """Counts the incumbents of a search and when the last one was found (CP-SAT calls
+    this from its worker threads once per better plan)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.solutions = 0
+        self.last_found = time.perf_counter()
+        self.stalled = False  # stopped by ``stall_time``, set by :func:`search`
+
+    def on_solution_callback(self) -> None:
+        with self.lock:
+            self.solutions += 1
+            self.last_found = time.perf_counter()
+
+
+def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig,
+           watch: Watch | None = None, *, tick: float = 0.1) -> cp_model.CpSolverStatus:
+    """``solver.solve(cp)``, stopped once ``config.stall_time`` seconds pass after the last
+    better plan (never before the first). CP-SAT has no such limit of its own: a thread
+    beside the search watches the incumbents and calls ``stop_search``."""
+    if config.stall_time <= 0:
+        return solver.solve(cp, watch) if watch is not None else solver.solve(cp)
+    watch = watch if watch is not None else Watch()
+    done = threading.Event()
+
+    def stop_when_stalled() -> None:
+        while not done.wait(tick):
+            with watch.lock:
+                stalled = watch.solutions > 0 and time.perf_counter() - watch.last_found > config.stall_time
+            if stalled:
+                watch.stalled = True
+                solver.stop_search()
+                return
+
+    guard = threading.Thread(target=stop_when_stalled, name="cpsat-stall", daemon=True)
+    guard.start()
+    try:
+        return solver.solve(cp, watch)
+    finally:
+        done.set()
+        guard.join()
+
+
 def objective_seconds(tie_break: int, problem: Problem, objective_bound: float) -> float:
     """An objective bound in seconds: objectives are T·time + (count < T), time in
     ``problem.scale`` units; drop the tie-break term."""
@@ -48,15 +94,18 @@ def proven_optimal(code: cp_model.CpSolverStatus, solver: cp_model.CpSolver, tie
 
 
 def search_stats(
-    cp: cp_model.CpModel, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus
+    cp: cp_model.CpModel, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, stalled: bool = False
 ) -> dict[str, float | int | str]:
-    return {
+    stats: dict[str, float | int | str] = {
         "variables": len(cp.proto.variables),
         "constraints": len(cp.proto.constraints),
         "branches": solver.num_branches,
         "conflicts": solver.num_conflicts,
         "cp_status": solver.status_name(code),
     }
+    if stalled:
+        stats["stopped"] = "stall"  # no better plan for ``stall_time`` seconds
+    return stats
 
 
 def min_peak_result(problem: Problem, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus,
