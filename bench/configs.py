@@ -82,7 +82,7 @@ class Settings:
     rematc_compiler: str = "inductor"
     # CP-SAT seconds per graph; the bench's graphs solve in seconds.
     time_limit: float = 60.0
-    # CP-SAT workers; 0 = one per core.
+    # CP-SAT workers; 0 = 8, its full portfolio (sharing the cores).
     workers: int = 0
 
 

@@ -326,7 +326,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="cross-check the peak by RSS in a second process per configuration")
     p.add_argument("--rematc-compiler", choices=("inductor", "eager"), default="inductor")
     p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per graph")
-    p.add_argument("--workers", type=int, default=0, help="CP-SAT workers; 0 = one per core")
+    p.add_argument("--workers", type=int, default=0, help="CP-SAT workers; 0 = 8, its full portfolio")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker; 0 = default")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
     args = p.parse_args(argv)

@@ -131,7 +131,7 @@ def _planning(p: argparse.ArgumentParser) -> None:
                                     "(default: the budget in the problem file)")
     p.add_argument("--solver", choices=SOLVERS, default="cpsat")
     p.add_argument("--time-limit", type=_non_negative(float), default=60.0, help="seconds (CP-SAT)")
-    p.add_argument("--workers", type=_non_negative(int), default=0, help="CP-SAT workers; 0: one per core")
+    p.add_argument("--workers", type=_non_negative(int), default=0, help="CP-SAT workers; 0: 8, its full portfolio")
     p.add_argument("--seed", type=_non_negative(int), default=0, help="CP-SAT random seed")
     p.add_argument("--stall-time", type=_non_negative(float), default=0.0,
                    help="stop once no better plan has been found for this many seconds (0: never)")

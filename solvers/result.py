@@ -31,7 +31,7 @@ class SolverConfig:
     step_gap: float = 0.0
     # Stop once no better plan has been found for this many seconds (0: never). The
     # bound on these graphs rises far slower than the plans improve (a 45% budget on the
-    # 6-layer GPT: the last better plan at 14 s, the gap limit never reached in 60 s), so
+    # 6-layer GPT: the last better plan at 12-14 s, the gap limit never reached in 60 s), so
     # a search that has stopped improving mostly spends its time on the proof.
     stall_time: float = 0.0
     log: bool = False  # CP-SAT's own search log to stderr
