@@ -352,8 +352,10 @@ class ModelSpec:
     note: str
 
 
-def _gpt(attention: str, *, batch: int, seed: int, small: bool = False) -> Example:
+def _gpt(attention: str, *, batch: int, seed: int, small: bool = False, layers: int | None = None) -> Example:
     config = GPTConfig.tiny() if small else GPTConfig.gpt2_bench()
+    if layers is not None and not small:
+        config = replace(config, n_layer=layers)
     model, inputs = make_gpt(replace(config, attention=attention), batch=batch, seed=seed)  # type: ignore[arg-type]
     return model, inputs
 
@@ -363,6 +365,8 @@ MODELS: dict[str, ModelSpec] = {
                           "rematc.models GPTConfig.tiny (2 layers, d 32): smoke tests"),
     "gpt2_sdpa": ModelSpec(partial(_gpt, "sdpa"), GPT2_BENCH_BATCH, partial(_gpt, "sdpa", small=True),
                            "GPT-2-style, 6 layers, d 512, 8 heads, T 512, vocab 8192, SDPA"),
+    "gpt2_12": ModelSpec(partial(_gpt, "sdpa", layers=12), GPT2_BENCH_BATCH, partial(_gpt, "sdpa", small=True),
+                         "gpt2_sdpa with 12 layers (compile time)"),
     "gpt2_math": ModelSpec(partial(_gpt, "math"), GPT2_BENCH_BATCH, partial(_gpt, "math", small=True),
                            "the same with explicit softmax(QKᵀ)V attention"),
     "llama": ModelSpec(partial(make_llama, LlamaConfig()), 8, partial(make_llama, LlamaConfig.small()),
