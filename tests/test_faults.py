@@ -78,7 +78,7 @@ def test_time_out_without_any_plan_is_a_clear_error(monkeypatch: pytest.MonkeyPa
         compiled(*inputs).backward()
     err = _cause(info.value, rematc.NoPlanError)
     assert isinstance(err, rematc.NoPlanError) and err.stage == "solve"
-    assert "time_limit" in str(err) and "budget" in str(err)
+    assert "time_limit" in str(err) and "budget" in str(err) and "CP-SAT found no plan" in str(err)
 
 
 def test_solver_exception_is_typed_with_its_cause(monkeypatch: pytest.MonkeyPatch) -> None:
