@@ -321,18 +321,18 @@ def plan_for(problem: Problem, options: Options) -> Planned:
         if root is not None:
             plancache.store(root, digest, result)
         return Planned(result, cached=False)
+    # The solver is CP-SAT unless replaced (the benchmark's knapsack baseline): name it.
+    who = "CP-SAT" if result.solver.startswith("cpsat") else f"the {result.solver or 'solver'}"
     fallback = greedy(problem, options.solver)
     if fallback.plan is not None and check(problem, fallback.plan).fits:
         warnings.warn(
-            f"rematc: CP-SAT found no plan in its time limit of {options.solver.time_limit:g} s "
+            f"rematc: {who} found no plan in its time limit of {options.solver.time_limit:g} s "
             f"(status {result.status.value}); using the greedy plan, which fits the budget but "
             f"may recompute more. Raise the option 'time_limit' for a better plan.",
             SolverFallbackWarning,
             stacklevel=2,
         )
         return Planned(_with_bound(fallback, result.bound), cached=False)
-    # The solver is CP-SAT unless replaced (the benchmark's knapsack baseline): name it.
-    who = "CP-SAT" if result.solver.startswith("cpsat") else f"the {result.solver or 'solver'}"
     raise NoPlanError(
         "solve",
         f"{who} found no plan within the budget of {problem.budget} B in its time limit of "
