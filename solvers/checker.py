@@ -10,7 +10,9 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
 * an OFFLOADED value, instead of its saved stretch, on to the end of the forward step its
   copy out runs beside (``Transfer.offload_at``), and again from the backward step its copy
   back runs beside (``Transfer.reload_at``) to its last backward consumer;
-* a backward value: from its step to its last use (the end if ``keep``).
+* a backward value: from its step to its last use (the end if ``keep``);
+* a value whose last reader takes its storage over (``Problem.taken_over``) ends one step
+  before that reader.
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
@@ -145,7 +147,7 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             continue
         users = problem.users[i]
         if i not in copies and i not in recompute_reads:  # one copy, read by ops only
-            out[i] = [(i, users[-1] if users else i)]
+            out[i] = [(i, problem.fixed_end(i))]
             continue
         made = [((i, 1, 0), i), *sorted(copies.get(i, ()))]
         keys = [key for key, _ in made]

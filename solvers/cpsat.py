@@ -407,7 +407,7 @@ def baseline(problem: Problem) -> list[int]:
         elif i in candidates:
             hi = problem.last_forward_use[i]
         else:
-            hi = max([i, *problem.users[i]])
+            hi = problem.fixed_end(i)
         delta[i] += node.size
         delta[hi + 1] -= node.size
     out, live = [], 0

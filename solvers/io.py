@@ -42,7 +42,7 @@ VERSION = 1  # the only version this module reads and writes
 _PROBLEM_KEYS = ("format", "version", "name", "budget", "host_bandwidth", "scale", "meta", "nodes")
 _NODE_KEYS = (
     "name", "op", "deps", "backward", "size", "time", "flops", "recomputable", "offloadable",
-    "resident", "keep",
+    "resident", "keep", "reuses",
 )
 _PLAN_KEYS = ("format", "version", "decisions", "schedule", "transfers")
 
@@ -87,6 +87,7 @@ def _node_to_json(n: Node) -> dict[str, object]:
         "offloadable": n.offloadable,
         "resident": n.resident,
         "keep": n.keep,
+        **({"reuses": n.reuses} if n.reuses is not None else {}),
     }
 
 
@@ -158,7 +159,15 @@ def _node_from_json(raw: object, i: int, count: int) -> Node:
         offloadable=_typed(obj, "offloadable", where, bool, "true or false", True),
         resident=_typed(obj, "resident", where, bool, "true or false", False),
         keep=_typed(obj, "keep", where, bool, "true or false", False),
+        reuses=_reuses(obj, where, raw_deps),
     )
+
+
+def _reuses(obj: Mapping[str, object], where: str, deps: list[object]) -> int | None:
+    value = obj.get("reuses")
+    if value is not None and not (_is_int(value) and value in deps):
+        raise ProblemError(f"{where}.reuses: expected one of the node's deps {deps} or null, got {_show(value)}")
+    return value if _is_int(value) else None
 
 
 def save_problem(problem: Problem, path: str | os.PathLike[str]) -> None:

@@ -12,7 +12,11 @@ in :mod:`solvers.cpsat` encodes it):
 * a resident value (parameters, inputs: alive before the step starts) costs nothing;
 * any other value occupies ``size`` bytes from the step that computes it to the step of
   its last use (inclusive: an op's inputs and its output coexist while it runs);
-* ``keep`` values (the forward's outputs, the gradients) stay until the end of the step.
+* ``keep`` values (the forward's outputs, the gradients) stay until the end of the step;
+* a value whose storage its last reader takes over (``Node.reuses``: Inductor writes an
+  elementwise kernel's output into a same-sized input that dies there) ends one step
+  early, so the two do not both count at that step. Only values whose lifetime no
+  decision changes are taken over (:attr:`Problem.taken_over`).
 
 The budget bounds the peak of that sum over the step, in bytes.
 
@@ -49,6 +53,9 @@ class Node:
     offloadable: bool = True  # False where no copy can stand in for it (views, symbolic sizes)
     resident: bool = False  # alive before the step (parameters, inputs): costs no budget
     keep: bool = False  # stays until the end of the step (outputs, gradients)
+    # A dep of the same size whose storage this value may be written into when it is that
+    # dep's last reader (Inductor's in-place reuse of a dying input by an elementwise kernel).
+    reuses: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,36 @@ class Problem:
         return tuple(i for i in range(f) if reach[i] and not self.nodes[i].keep)
 
     @cached_property
+    def taken_over(self) -> dict[int, int]:
+        """``u -> v``: value v is written into u's storage, so u lives to step v - 1.
+
+        Only where that holds whatever the plan: u is not a candidate (no decision changes
+        who reads it), v is its last reader, and both are ordinary values of a two-phase
+        problem (in a single-phase one any value may be recomputed)."""
+        if self.single_phase:
+            return {}
+        candidates = set(self.candidates)
+        out: dict[int, int] = {}
+        for v, n in enumerate(self.nodes):
+            u = n.reuses
+            if u is None or u in candidates:
+                continue
+            src = self.nodes[u]
+            if src.resident or src.keep or src.size != n.size or self.users[u][-1] != v:
+                continue
+            out[u] = v
+        return out
+
+    def fixed_end(self, i: int) -> int:
+        """The last step a value lives when no decision changes its readers: its last
+        reader's step (one before it, where that reader takes its storage over)."""
+        v = self.taken_over.get(i)
+        if v is not None:
+            return v - 1
+        users = self.users[i]
+        return max(i, users[-1]) if users else i
+
+    @cached_property
     def scale(self) -> Scale:
         sizes = [n.size for n in self.nodes if n.size > 0 and not n.resident]
         unit = math.gcd(*sizes) if sizes else 1
@@ -227,6 +264,8 @@ def _validate(p: Problem) -> None:
             raise ProblemError(f"{where}: forward value after the first backward value")
         if n.resident and (n.deps or n.backward):
             raise ProblemError(f"{where}: a resident value must be a forward input with no deps")
+        if n.reuses is not None and (not _is_int(n.reuses) or n.reuses not in n.deps):
+            raise ProblemError(f"{where}: reuses must be one of its deps {list(n.deps)}, got {n.reuses!r}")
     if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
         raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
     bw = p.host_bandwidth

@@ -6,10 +6,12 @@ timeline is the sum of the sizes of the values live at each step.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from solvers import Decision, Plan, PlanError, Problem, Step, Transfer, check, plan_from_decisions
-from solvers.problem import node
+from solvers.problem import ProblemError, node
 from tests.graphs import P, chain, deep, diamond, offload_graph
 
 S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
@@ -60,6 +62,42 @@ def test_resident_and_zero_size_values_cost_nothing() -> None:
 
 
 # ---- hand-computed timelines -------------------------------------------------------------
+
+
+def test_in_place_reader_takes_a_dying_input_over() -> None:
+    # g1 [3,3], then g2 written over it at step 4 ([4,6]); g3 reuses g2, but g2's last
+    # reader is g4, so g2 is not taken over: g3 [5,6]. x saved: [1,4]; loss [2,6].
+    p = P(
+        node("p", size=8, resident=True),  # 0
+        node("x", 0, size=2),  # 1
+        node("loss", 1, size=1, keep=True),  # 2
+        node("g1", 2, size=4, backward=True),  # 3
+        node("g2", 3, 1, size=4, backward=True, reuses=3),  # 4
+        node("g3", 4, size=4, backward=True, reuses=4),  # 5
+        node("g4", 4, 5, size=1, backward=True, keep=True),  # 6
+    )
+    assert p.taken_over == {3: 4}
+    r = run(p, {1: S})
+    assert r.timeline == (0, 2, 3, 7, 7, 9, 10)
+    # Without the mark g1 and g2 both count at step 4.
+    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    assert run(plain, {1: S}).timeline == (0, 2, 3, 7, 11, 9, 10)
+
+
+def test_a_value_with_a_decision_is_never_taken_over() -> None:
+    # x may be recomputed (new readers in the backward): the mark on y is ignored.
+    p = P(
+        node("x", size=2),  # 0
+        node("y", 0, size=2, reuses=0),  # 1
+        node("loss", 1, size=1, keep=True),  # 2
+        node("gx", 0, 2, size=1, backward=True, keep=True),  # 3
+    )
+    assert 0 in p.candidates and p.taken_over == {}
+
+
+def test_reuses_must_name_a_dep() -> None:
+    with pytest.raises(ProblemError, match="reuses must be one of its deps"):
+        P(node("a", size=1), node("b", size=1), node("c", 0, size=1, reuses=1))
 
 
 def test_chain_save_all() -> None:

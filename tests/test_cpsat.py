@@ -416,10 +416,13 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
         return set(draw(picked))
 
     for k in range(draw(st.integers(3, max_forward))):
+        deps = tuple(sorted(pick(0, len(nodes), 1, 2)))
+        reuses = draw(st.sampled_from([None, None, *deps]))
         nodes.append(Node(
             name=f"f{k}",
-            deps=tuple(sorted(pick(0, len(nodes), 1, 2))),
-            size=unit * draw(st.integers(0, 6)),
+            deps=deps,
+            reuses=reuses,
+            size=nodes[reuses].size if reuses is not None else unit * draw(st.integers(0, 6)),
             time=float(draw(st.integers(0, 5))),
             recomputable=draw(st.integers(0, 5)) > 0,
             keep=draw(st.integers(0, 9)) == 0,
@@ -428,10 +431,13 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
     n_backward = draw(st.integers(2, 5))
     for k in range(n_backward):
         reads = pick(0, n_forward, 1, 3) | pick(n_forward, len(nodes), 0, 2)
+        # Sometimes an in-place kernel: the size of a dep it may take the storage of.
+        reuses = draw(st.sampled_from([None, *sorted(reads)]))
         nodes.append(Node(
             name=f"b{k}",
             deps=tuple(sorted(reads)),
-            size=unit * draw(st.integers(0, 6)),
+            reuses=reuses,
+            size=nodes[reuses].size if reuses is not None else unit * draw(st.integers(0, 6)),
             time=float(draw(st.integers(0, 5))) if offload else 0.0,  # compute to hide copies under
             backward=True,
             keep=k == n_backward - 1 or draw(st.booleans()),

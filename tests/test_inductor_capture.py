@@ -6,6 +6,7 @@ gradient is a value of its own, and its workspace is counted."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any
 
@@ -175,3 +176,23 @@ def test_kept_weight_gradient_is_its_own_value(cnn: Captured) -> None:
         assert kept, "the weight gradient is a kept value of its own"
         weight_grad = max(k.size for k in kept)
         assert node.size >= 3 * weight_grad  # outputs plus oneDNN's two weight-sized buffers
+
+
+def test_in_place_kernels_take_a_dying_input_over(both: tuple[Captured, Captured]) -> None:
+    """An elementwise value that reads a same-sized input last is marked to be written
+    over it (Inductor's in-place reuse), and the checker ends that input a step early;
+    the eager route's capture marks nothing."""
+    plain, fused = both
+    assert all(n.reuses is None for n in plain.problem.nodes)
+    p = fused.problem
+    marked = [(v, n.reuses) for v, n in enumerate(p.nodes) if n.reuses is not None]
+    assert marked
+    for v, u in marked:
+        head = fused.groups[v][0]
+        assert torch.Tag.pointwise in head.target.tags, head.format_node()
+        assert p.nodes[u].size == p.nodes[v].size and p.users[u][-1] == v
+        assert any(fused.groups[u][0] in n.all_input_nodes for n in fused.groups[v])
+        assert p.taken_over[u] == v and p.fixed_end(u) == v - 1
+    unmarked = dataclasses.replace(p, nodes=tuple(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    everything = plan_with(p, set())
+    assert check(p, everything).peak <= check(unmarked, plan_with(unmarked, set())).peak

@@ -184,6 +184,8 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("duplicate name", edit(set_node(2, "name", "f0")), r"^node #2 'f0': the name is used twice"),
     ("size not an int", edit(set_node(3, "size", "abc")), r"^nodes\[3\]\.size: expected a non-negative int of bytes, got 'abc'$"),
     ("negative size", edit(set_node(3, "size", -5)), r"^nodes\[3\]\.size: expected a non-negative int of bytes, got -5$"),
+    ("reuses a non-dep", edit(set_node(3, "reuses", 0)), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 0$"),
+    ("reuses as text", edit(set_node(3, "reuses", "f1")), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 'f1'$"),
     ("fractional size", edit(set_node(3, "size", 4.0)), r"^nodes\[3\]\.size: .* got 4\.0$"),
     ("bool size", edit(set_node(3, "size", True)), r"^nodes\[3\]\.size: .* got True$"),
     ("time not a number", edit(set_node(2, "time", "fast")), r"^nodes\[2\]\.time: expected a number of seconds, got 'fast'$"),
@@ -361,6 +363,7 @@ def problems(draw: st.DrawFn) -> Problem:
             name=name, op=draw(st.text(max_size=8)), deps=reads, backward=backward,
             size=draw(st.integers(0, 2**40)), time=draw(amounts), flops=draw(amounts),
             recomputable=draw(st.booleans()), resident=resident, keep=draw(st.booleans()),
+            reuses=draw(st.sampled_from([None, *reads])),
         ))
     return Problem(
         nodes=tuple(nodes),
