@@ -34,6 +34,8 @@ from torch._functorch.partitioners import (
     _is_tangent,
     classify_nodes,
 )
+from torch._inductor.utils import is_gpu, is_pointwise_use
+from torch._prims_common import is_expandable_to
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -92,7 +94,7 @@ def capture(
             groups[value_of[n]].append(n)
     inlined: frozenset[fx.Node] = frozenset()
     if inductor:
-        groups, inlined = fused_groups(groups, value_of, forward, costs, kept)
+        groups, inlined = fused_groups(groups, value_of, forward, costs, kept, addmm_pairs(joint))
         value_of = {n: i for i, group in enumerate(groups) for n in group}
 
     deps_memo: dict[fx.Node, frozenset[int]] = {}
@@ -266,8 +268,14 @@ def fused_groups(
     forward: frozenset[fx.Node],
     costs: dict[fx.Node, NodeCost],
     kept: set[fx.Node],
+    addmm: dict[fx.Node, fx.Node] | None = None,
 ) -> tuple[list[list[fx.Node]], frozenset[fx.Node]]:
     """The values as Inductor stores them, and the FX nodes it inlines.
+
+    A matmul that Inductor merges into the add reading it (``addmm``: mm -> add, see
+    :func:`addmm_pairs`) joins the add's value: its result is never stored, and it runs
+    (and is recomputed) with the add. It keeps its time; the add, now an extern kernel,
+    neither inlines its inputs nor is inlined.
 
     A value that its one reader inlines (:func:`inline_reader`) is no value of its own:
     its nodes join the reader's value, whose kernel computes them. Values are in
@@ -288,8 +296,16 @@ def fused_groups(
     inside = [{i} | factories for i in range(len(groups))]
     inlined: set[fx.Node] = set()
     folded = [False] * len(groups)
+    addmm = addmm or {}
+    extern = frozenset(addmm.values())
     for i, group in enumerate(groups):
-        reader = inline_reader(group, value_of, forward, costs, kept)
+        add = addmm.get(group[0])
+        if add is not None and len(group) == 1:
+            j = value_of[add]
+            kernels[j], inside[j] = kernels[j] + kernels[i], inside[i] | inside[j]
+            folded[i] = True
+            continue
+        reader = inline_reader(group, value_of, forward, costs, kept, extern)
         if reader is None:
             continue
         j = value_of[reader]
@@ -308,6 +324,7 @@ def inline_reader(
     forward: frozenset[fx.Node],
     costs: dict[fx.Node, NodeCost],
     kept: set[fx.Node],
+    extern: Collection[fx.Node] = (),
 ) -> fx.Node | None:
     """The one FX node that reads this value, when Inductor inlines the value into it.
 
@@ -317,10 +334,12 @@ def inline_reader(
     too large. So: the value is a pointwise op or a constant factory (with views Inductor
     re-indexes), not random, not an output, not forced saved; it has one reader, a
     pointwise op or a reduction that does not mutate and runs in the same graph (forward
-    or backward)."""
+    or backward). ``extern``: pointwise ops Inductor turns into extern kernels (addmm)."""
     head = group[0]
     cost = costs[head]
     if head.op != "call_function" or not (cost.is_pointwise or _is_factory(head)) or cost.is_random:
+        return None
+    if head in extern:
         return None
     phase = head in forward
     for n in group:
@@ -335,9 +354,59 @@ def inline_reader(
     fusible = costs[u].is_pointwise or (
         isinstance(u.target, torch._ops.OpOverload) and torch.Tag.reduction in u.target.tags
     )
-    if u.op != "call_function" or not fusible or _mutates(u) or (u in forward) != phase:
+    if u.op != "call_function" or not fusible or _mutates(u) or (u in forward) != phase or u in extern:
         return None
     return u if u in value_of else None
+
+
+def addmm_pairs(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """``mm -> add`` for every ``add(mm(a, b), c)`` that Inductor rewrites into
+    ``addmm(c, a, b)`` (its post-grad pattern ``addmm``, torch 2.13).
+
+    The rewrite runs the matmul at the add, so ``a`` and ``b`` are read there and the
+    matmul's result never exists. It is common in a backward: a weight used twice (tied
+    embeddings) gets its gradient as ``add(mm(dy, x), other)``, and the logits-sized
+    ``dy`` then lives until that add, near the end of the backward. Inductor's
+    conditions: the mm has no other reader, ``c`` is a tensor of the same dtype that
+    broadcasts to the product, and on a GPU not every reader of the add is pointwise
+    (there it prefers to fuse the add into those readers instead)."""
+    out: dict[fx.Node, fx.Node] = {}
+    for add in joint.graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor):
+        if add.kwargs or len(add.args) != 2 or add in out.values():
+            continue
+        for mm, c in (add.args, add.args[::-1]):
+            if isinstance(mm, fx.Node) and _merges_into_addmm(mm, c, add):
+                out[mm] = add
+                break
+    return out
+
+
+def _merges_into_addmm(mm: fx.Node, c: object, add: fx.Node) -> bool:
+    if not (mm.target is torch.ops.aten.mm.default and len(mm.users) == 1):
+        return False
+    if not isinstance(c, fx.Node) or mm is c:
+        return False
+    a, b = mm.args[:2]
+    vals = [x.meta.get("val") for x in (a, b, c) if isinstance(x, fx.Node)]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    if len(tensors) != 3:
+        return False
+    va, vb, vc = tensors
+    if not (va.dtype == vb.dtype == vc.dtype) or not is_expandable_to(vc.shape, (va.shape[0], vb.shape[1])):
+        return False
+    return not (is_gpu(vc.device.type) and all(is_pointwise_use(u) for u in add.users))
+
+
+def place_addmm_operands(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """Move each matmul of :func:`addmm_pairs` to just before its add, where Inductor
+    runs it, so that the problem's order, the emitted graph (a recomputed input of the
+    matmul is placed before its first reader) and Inductor's code agree."""
+    pairs = addmm_pairs(joint)
+    for mm, add in pairs.items():
+        add.prepend(mm)
+    if pairs:
+        joint.recompile()
+    return pairs
 
 
 def _reads(kernel: Sequence[fx.Node], inside: set[int], value_of: dict[fx.Node, int]) -> int:

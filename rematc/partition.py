@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from rematc import plancache
 from rematc.annotate import NodeCost, annotate
-from rematc.capture import Captured, capture
+from rematc.capture import Captured, capture, place_addmm_operands
 from rematc.devices import DeviceProfile, profile_for
 from rematc.emit import emit, verify
 from rematc.errors import NoPlanError, SolverError
@@ -244,8 +244,11 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
                   name: str = "joint") -> tuple[fx.GraphModule, Captured]:
     """prepare -> annotate -> capture: the joint graph as planned, and its problem.
 
-    ``fuses``: the emitted graphs go to Inductor (pointwise ops fuse into their readers)."""
+    ``fuses``: the emitted graphs go to Inductor (pointwise ops fuse into their readers,
+    matmuls into the adds that read them)."""
     joint = prepare(gm)
+    if fuses:
+        place_addmm_operands(joint)
     shape_env = shape_env_of(joint)
     # Costs and layout checks are at the size hints: reading a symbolic size must not guard
     # the graph to this one shape (bound_dynamic_sizes says which shapes a plan serves).

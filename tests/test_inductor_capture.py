@@ -18,9 +18,10 @@ from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._inductor.decomposition import select_decomp_table
 
-from rematc.capture import Captured
+from rematc.capture import Captured, addmm_pairs
 from rematc.devices import profile_for
 from rematc.partition import capture_stage
 from solvers import check
@@ -196,3 +197,83 @@ def test_in_place_kernels_take_a_dying_input_over(both: tuple[Captured, Captured
     unmarked = dataclasses.replace(p, nodes=tuple(dataclasses.replace(n, reuses=None) for n in p.nodes))
     everything = plan_with(p, set())
     assert check(p, everything).peak <= check(unmarked, plan_with(unmarked, set())).peak
+
+
+class Tied(nn.Module):
+    """An embedding whose weight is also the output head: its gradient is the sum of the
+    head's matmul and the embedding's scatter, ``add(mm(dlogits^T, h), scatter)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 16)
+        self.mix = nn.Linear(16, 16)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mix(self.emb(idx)))
+        return F.cross_entropy(F.linear(h, self.emb.weight), idx)
+
+
+class Grab(CustomPartitionerFn):
+    """Keeps the joint graph Inductor hands its partitioner (after its joint-graph passes,
+    as rematc's partitioner sees it) and partitions with PyTorch's min-cut."""
+
+    def __init__(self) -> None:
+        self.grabbed: dict[str, Any] = {}
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        self.grabbed.update(gm=copy.deepcopy(gm), kwargs=kwargs)
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> None:
+        return None  # nothing to cache
+
+
+@pytest.fixture(scope="module")
+def tied() -> tuple[fx.GraphModule, dict[str, Any]]:
+    torch._dynamo.reset()
+    grab = Grab()
+    with torch._inductor.config.patch(custom_partitioner_fn=grab):
+        torch.compile(Tied())(torch.randint(0, 64, (32,)))
+    return grab.grabbed["gm"], grab.grabbed["kwargs"]
+
+
+def test_a_matmul_merged_into_addmm_runs_at_its_add(tied: tuple[fx.GraphModule, dict[str, Any]]) -> None:
+    """Inductor rewrites add(mm(a, b), c) into addmm(c, a, b) at the add: under Inductor the
+    mm's value is folded into the add's (its result never exists, its inputs are read at
+    the add) and the mm moves next to the add in the graph we emit from."""
+    gm, kwargs = tied
+    pairs = addmm_pairs(gm)
+    assert len(pairs) == 1  # the tied weight's gradient
+    (mm, add), = pairs.items()
+    assert mm.target is torch.ops.aten.mm.default and add.target is torch.ops.aten.add.Tensor
+    plain, fused = captured(gm, kwargs, fuses=False), captured(gm, kwargs, fuses=True)
+    mm_plain = plain.value_of[next(n for n in plain.value_of if n.name == mm.name)]
+    assert plain.groups[mm_plain][0].name == mm.name  # its own value without Inductor
+    fused_mm = next(n for n in fused.value_of if n.name == mm.name)
+    group = fused.groups[fused.value_of[fused_mm]]
+    assert group[0].name == add.name and fused_mm in group
+    node = fused.problem.nodes[fused.value_of[fused_mm]]
+    assert node.time >= plain.problem.nodes[mm_plain].time > 0  # the matmul's time stays
+    # The logits gradient the mm reads lives until the add, after the embedding's scatter.
+    dlogits = next(a for a in fused_mm.all_input_nodes if a in fused.value_of)
+    scatter = next(a for a in add.args if a is not mm)
+    at = fused.value_of[fused_mm]
+    assert fused.problem.users[fused.value_of[dlogits]][-1] == at
+    assert at > next(i for n, i in fused.value_of.items() if n.name == scatter.name)
+
+
+def test_addmm_conditions_follow_inductor(tied: tuple[fx.GraphModule, dict[str, Any]]) -> None:
+    """No merge when the mm has a second reader or the added tensor differs in dtype."""
+    gm, _ = tied
+    (mm, add), = addmm_pairs(gm).items()
+    g = copy.deepcopy(gm)
+    mm2 = next(n for n in g.graph.nodes if n.name == mm.name)
+    add2 = next(n for n in g.graph.nodes if n.name == add.name)
+    with g.graph.inserting_after(add2):
+        extra = g.graph.call_function(torch.ops.aten.neg.default, (mm2,))
+        extra.meta["val"] = mm2.meta["val"]
+    assert addmm_pairs(g) == {}
+    g = copy.deepcopy(gm)
+    other = next(a for a in next(n for n in g.graph.nodes if n.name == add.name).args if a.name != mm.name)
+    other.meta["val"] = other.meta["val"].to(torch.float64)
+    assert addmm_pairs(g) == {}

@@ -24,6 +24,8 @@ from rematc.models import GPTConfig, make_gpt
 # Measured peak may exceed the budget by at most this fraction: allocator events the
 # model does not see (Inductor's workspace for a kernel, autograd's own bookkeeping).
 PEAK_TOLERANCE = 0.05
+# Predicted and measured peaks under Inductor agree within this fraction of the measured.
+PREDICTION_TOLERANCE = 0.05
 # Profiler and RSS must agree within this fraction plus 2 MiB of process noise.
 CROSS_CHECK_TOLERANCE = 0.05
 
@@ -39,8 +41,10 @@ def measured_step_peak(compiled, model, inputs) -> int:  # type: ignore[no-untyp
 
 
 @pytest.mark.inductor
-@pytest.mark.parametrize("fraction", [0.85, 0.7, 0.55])
+@pytest.mark.parametrize("fraction", [0.85, 0.7, 0.6])
 def test_measured_peak_within_budget_inductor(fraction: float) -> None:
+    """Down to near the smallest feasible budget (58% of the unconstrained peak here: the
+    logits and their gradient, which Inductor keeps to the tied weight's addmm)."""
     model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
     compiled = rematc.compile(model, budget=fraction, compiler="inductor")
     peak = measured_step_peak(compiled, model, inputs)
@@ -49,6 +53,9 @@ def test_measured_peak_within_budget_inductor(fraction: float) -> None:
     assert record.predicted_peak <= record.budget
     assert peak <= record.budget * (1 + PEAK_TOLERANCE), (
         f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B"
+    )
+    assert abs(record.predicted_peak - peak) <= PREDICTION_TOLERANCE * peak, (
+        f"predicted {record.predicted_peak} B, measured {peak} B"
     )
 
 
