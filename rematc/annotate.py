@@ -78,8 +78,23 @@ def is_random(node: fx.Node) -> bool:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         if torch.Tag.nondeterministic_seeded in target.tags:
-            return True
+            return not _no_dropout(node, target)
         return is_seeded(node) or target.name().startswith("prims::inductor_seed")
+    return False
+
+
+def _no_dropout(node: fx.Node, target: torch._ops.OpOverload) -> bool:
+    """An op tagged random only for its ``dropout_p`` argument (the attention kernels),
+    called with ``dropout_p`` 0: it draws nothing, so recomputing it gives the same
+    result. (Without this every attention output of a model without attention dropout
+    would have to be saved: per-block checkpointing recomputes them.)"""
+    for k, arg in enumerate(target._schema.arguments):
+        if arg.name == "dropout_p":
+            if k < len(node.args):
+                value = node.args[k]
+            else:
+                value = node.kwargs.get("dropout_p", arg.default_value)
+            return isinstance(value, (int, float)) and value == 0
     return False
 
 

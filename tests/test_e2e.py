@@ -114,3 +114,23 @@ def test_inductor_route_without_budget_recomputes_only_free_values(same_random_a
     assert record.solver == "free_recompute" and record.budget is None
     assert record.predicted_peak <= record.unconstrained_peak
     assert record.added_flops == 0
+
+
+def test_attention_without_dropout_is_recomputed() -> None:
+    """Attention kernels are tagged random for their dropout; with ``dropout_p`` 0 they
+    draw nothing, so at the smallest budget rematc recomputes them (per-block
+    checkpointing does), and the step still equals eager."""
+    from rematc.models import GPTConfig, make_gpt
+
+    def build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        return make_gpt(GPTConfig.tiny(dropout=0.0), batch=4, seed=0)
+
+    MODELS["gpt_nodrop"] = build
+    try:
+        smallest = smallest_feasible_budget("gpt_nodrop", compiler="eager")
+        torch._dynamo.reset()
+        reference, result, record = eager_and_compiled("gpt_nodrop", budget=smallest, compiler="eager")
+    finally:
+        del MODELS["gpt_nodrop"]
+    assert_same_step(reference, result, rtol=EAGER_RTOL, atol=EAGER_ATOL)
+    assert any("scaled_dot_product" in name for name in record.recomputed), record.recomputed

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import rematc
+from rematc.annotate import is_random
 from tests.helpers import infeasible_cause
 
 
@@ -62,3 +63,17 @@ def test_recomputed_dropout_replays_the_forward_mask() -> None:
     assert not [n for n in record.recomputed if "inductor_seeds" in n]
     assert torch.equal(forward_mask, backward_mask)
     assert 0.3 < forward_mask.float().mean().item() < 0.7
+
+
+@pytest.mark.parametrize(("dropout_p", "random"), [(0.0, False), (0.1, True)])
+def test_attention_is_random_only_with_dropout(dropout_p: float, random: bool) -> None:
+    g = torch.fx.Graph()
+    q, k, v = (g.placeholder(n) for n in "qkv")
+    by_position = g.call_function(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                  (q, k, v, dropout_p, True))
+    by_name = g.call_function(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                              (q, k, v), {"dropout_p": dropout_p})
+    default = g.call_function(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v))
+    assert is_random(by_position) is random and is_random(by_name) is random
+    assert not is_random(default)  # dropout_p defaults to 0
+    assert is_random(g.call_function(torch.ops.aten.bernoulli.p, (q, 0.5)))
