@@ -93,9 +93,13 @@ def capture(
             value_of[n] = value_of[owner[n]]
             groups[value_of[n]].append(n)
     inlined: frozenset[fx.Node] = frozenset()
+    inline: set[int] = set()
     if inductor:
-        groups, inlined = fused_groups(groups, value_of, forward, costs, kept, addmm_pairs(joint))
+        addmm = addmm_pairs(joint)
+        groups, inlined = fused_groups(groups, value_of, forward, costs, kept, addmm)
         value_of = {n: i for i, group in enumerate(groups) for n in group}
+        extern = frozenset(addmm.values())
+        inline = {i for i, g in enumerate(groups) if inlined_when_recomputed(g, value_of, costs, kept, extern)}
 
     deps_memo: dict[fx.Node, frozenset[int]] = {}
 
@@ -130,6 +134,7 @@ def capture(
                 offloadable=_offloadable(group, costs),
                 resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
+                inline=i in inline,
             )
         )
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
@@ -357,6 +362,53 @@ def inline_reader(
     if u.op != "call_function" or not fusible or _mutates(u) or (u in forward) != phase or u in extern:
         return None
     return u if u in value_of else None
+
+
+# Ops whose results Inductor stores on the CPU when several ops read them
+# (``should_realize_on_reuse``: too costly to compute once per reader).
+HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+
+
+def inlined_when_recomputed(
+    group: Sequence[fx.Node],
+    value_of: dict[fx.Node, int],
+    costs: dict[fx.Node, NodeCost],
+    kept: set[fx.Node],
+    extern: Collection[fx.Node] = (),
+) -> bool:
+    """Whether Inductor, given this value's recomputation in the backward, computes it
+    inside each op that reads it instead of storing it (``Node.inline``).
+
+    Inductor's lowering keeps an elementwise result unstored and inlines it into every
+    reader unless a reader needs a buffer (an extern kernel), the result is an output, or
+    it is worth storing because several ops read it (``should_realize_on_reuse``: on the
+    CPU any exp/log/sigmoid/tanh in it, or more than ``realize_reads_threshold`` = 4
+    buffers read). Single-reader values are folded into their reader already
+    (:func:`fused_groups`); this is for the rest, which stay values: stored when the
+    forward saves them, inlined when recomputed. On the GPT-2 benchmark that is the
+    GELU-tanh's cheap intermediates, 64 MiB per recomputed MLP."""
+    head = group[0]
+    if head.op != "call_function" or not costs[head].is_pointwise or costs[head].is_random:
+        return False
+    for n in group:
+        if n in kept or _mutates(n) or n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE:
+            return False
+        if not (costs[n].is_pointwise or _inline_view(n) or _is_factory(n)):
+            return False
+        for u in n.users:
+            if u in group:
+                continue
+            fusible = costs.get(u) is not None and (costs[u].is_pointwise or (
+                isinstance(u.target, torch._ops.OpOverload) and torch.Tag.reduction in u.target.tags))
+            if u.op != "call_function" or not fusible or _mutates(u) or u in extern:
+                return False
+    if costs[head].device == "cpu" and any(
+            isinstance(n.target, torch._ops.OpOverload) and n.target._opname in HEAVY_OPS for n in group):
+        return False
+    return _reads(group, {value_of[head]}, value_of) <= REALIZE_READS
+
+
+REALIZE_READS = 4  # Inductor's realize_reads_threshold
 
 
 def addmm_pairs(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:

@@ -17,6 +17,8 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
 all count as live during that step, which bounds from above what the emitted code holds.
+A recomputation of an ``inline`` value (two-phase problems) holds no memory: its reads of
+its deps happen at each read it serves instead of at its own step.
 
 Added time is the compute time of every recomputation plus the transfer time compute
 does not hide: step k lasts max(c_k, out_k, in_k), where c_k is its compute time and
@@ -131,13 +133,26 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     Key = tuple[int, int, int]  # (step, 0 for a scheduled entry / 1 for the op, order)
     copies: dict[int, list[tuple[Key, int]]] = {}  # value -> (made at, first live step)
     recompute_reads: dict[int, list[Key]] = {}  # value -> reads by scheduled recomputations
+    inline: dict[int, Key] = {}  # inline value -> where its recomputation is scheduled
     for k, s in enumerate(plan.schedule):
         key = (s.before, 0, k)
         move = moves.get(s.node)
         copies.setdefault(s.node, []).append((key, move.reload_at if move else s.before))
-        if plan.decisions.get(s.node) is Decision.RECOMPUTE:
-            for d in set(problem.nodes[s.node].deps):
-                recompute_reads.setdefault(d, []).append(key)
+        if plan.decisions.get(s.node) is not Decision.RECOMPUTE:
+            continue
+        if problem.nodes[s.node].inline and not problem.single_phase:
+            inline[s.node] = key
+            continue
+        for d in set(problem.nodes[s.node].deps):
+            recompute_reads.setdefault(d, []).append(key)
+    # An inline recomputation reads its deps at each read it serves (every later read: it
+    # is the value's last copy). Readers come after what they read, so going down the
+    # values, each one's reads are complete before they pass to its deps.
+    for v in sorted(inline, reverse=True):
+        served = [r for r in [*((u, 1, 0) for u in problem.users[v]), *recompute_reads.get(v, ())]
+                  if r > inline[v]]
+        for d in set(problem.nodes[v].deps):
+            recompute_reads.setdefault(d, []).extend(served)
     out: dict[int, list[tuple[int, int]]] = {}
     for i, node in enumerate(problem.nodes):
         if node.resident or node.size == 0:
@@ -158,7 +173,8 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
                 last[j] = max(last[j], r[0])
         if i in moves:  # the device copy lives until its copy to the host has run
             last[0] = max(last[0], moves[i].offload_at)
-        out[i] = [(start, hi) for (_, start), hi in zip(made, last, strict=True)]
+        out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
+                  if key != inline.get(i)]
     return out
 
 

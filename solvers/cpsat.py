@@ -44,12 +44,13 @@ Constraint families (one ``add_*`` function each):
   with :math:`d_v = s_v / \text{bandwidth}`: a step lasts the longest of its compute and
   the copies beside it (one copy engine each way);
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
-  :math:`R_w \Rightarrow L_u \ge P_w`;
+  :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
+  ``inline`` (its readers compute it, so they read u);
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes) plus, per candidate, the optional intervals
   :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, :math:`[P_v, L_v]` present iff
-  :math:`R_v`, and :math:`[lf(v)+1, X_v]`, :math:`[Y_v, L_v]` present iff :math:`O_v`
+  :math:`R_v` (none for an ``inline`` v), and :math:`[lf(v)+1, X_v]`, :math:`[Y_v, L_v]` present iff :math:`O_v`
   (the device copy lives until its copy out ends, and again from its copy back on).
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
@@ -273,15 +274,17 @@ def add_anchor(m: Model) -> None:
 
 
 def add_last_use(m: Model) -> None:
-    """L_v >= max bu(v); L_v >= P_v; R_w => L_u >= P_w for u in deps(w)."""
+    """L_v >= max bu(v); L_v >= P_v; R_w => L_u >= P_w for u in deps(w), L_u >= L_w where w
+    is inline."""
     p = m.problem
     for v in m.L:
         if p.backward_uses[v]:
             m.cp.add(m.L[v] >= max(p.backward_uses[v]))
         m.cp.add(m.L[v] >= m.P[v])
     for w in m.R:
+        read_until = m.L[w] if p.nodes[w].inline else m.P[w]
         for u in _candidate_deps(m, w):
-            m.cp.add(m.L[u] >= m.P[w]).only_enforce_if(m.R[w])
+            m.cp.add(m.L[u] >= read_until).only_enforce_if(m.R[w])
 
 
 def add_transfers(m: Model) -> None:
@@ -333,11 +336,13 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         start = p.last_forward_use[v] + 1
         end = m.L[v] + 1
         intervals.append(m.cp.new_optional_interval_var(start, end - start, end, m.S[v], f"Save[{v}]"))
-        length = m.cp.new_int_var(1, p.last_step - p.n_forward + 1, f"len[{v}]")
-        intervals.append(
-            m.cp.new_optional_interval_var(m.P[v], length, end, m.R[v], f"Recompute[{v}]")
-        )
-        demands += [size, size]
+        demands.append(size)
+        if not p.nodes[v].inline:
+            length = m.cp.new_int_var(1, p.last_step - p.n_forward + 1, f"len[{v}]")
+            intervals.append(
+                m.cp.new_optional_interval_var(m.P[v], length, end, m.R[v], f"Recompute[{v}]")
+            )
+            demands.append(size)
         if v in m.O:
             out_len = m.cp.new_int_var(1, p.n_forward, f"out_len[{v}]")
             intervals.append(m.cp.new_optional_interval_var(start, out_len, m.X[v] + 1, m.O[v], f"Out[{v}]"))
@@ -361,6 +366,7 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     b_k + sum_{v: lf(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= max bu(v)} s_v (R_v + O_v)
         + sum_{v: k = lf(v)+1} s_v O_v <= floor(B/q)
 
+    (no R_v term for an inline v, whose recomputation holds no memory)
     with e(v) = max bu(v), or F for a value only recomputed users read (saved, it lives at
     least to the backward's first step). Each term is live whatever the other decisions,
     so the row is implied by the cumulative; the cumulative alone gives CP-SAT no useful
@@ -380,7 +386,8 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
             rows.setdefault(k, []).append((m.S[v], size))
         if bu:
             for k in range(min(bu), max(bu) + 1):
-                rows.setdefault(k, []).append((m.R[v], size))
+                if not p.nodes[v].inline:
+                    rows.setdefault(k, []).append((m.R[v], size))
                 if v in m.O:
                     rows.setdefault(k, []).append((m.O[v], size))
         if v in m.O:
@@ -520,7 +527,8 @@ def hint(model: Model, plan: Plan) -> None:
     """Start the search from ``plan`` (the greedy baseline's, when it fits)."""
     p = model.problem
     anchor = {s.node: s.before for s in plan.schedule}
-    for v in model.S:
+    last: dict[int, int] = {}  # L_v, users first: an inline user passes on its own
+    for v in sorted(model.S, reverse=True):
         decision = plan.decisions.get(v)
         model.cp.add_hint(model.S[v], decision is Decision.SAVE)
         model.cp.add_hint(model.R[v], decision is Decision.RECOMPUTE)
@@ -528,10 +536,12 @@ def hint(model: Model, plan: Plan) -> None:
             model.cp.add_hint(model.O[v], decision is Decision.OFFLOAD)
         if v in anchor:
             model.cp.add_hint(model.P[v], anchor[v])
-        consumers = [*p.backward_uses[v],
-                     *(anchor[w] for w in p.forward_users[v] if plan.decisions.get(w) is Decision.RECOMPUTE)]
+        consumers = [*p.backward_uses[v], *(
+            last.get(w, anchor[w]) if p.nodes[w].inline else anchor[w]
+            for w in p.forward_users[v] if plan.decisions.get(w) is Decision.RECOMPUTE)]
         if decision is not None and consumers:
-            model.cp.add_hint(model.L[v], max(consumers))
+            last[v] = max(consumers)
+            model.cp.add_hint(model.L[v], last[v])
 
 
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:

@@ -16,7 +16,10 @@ in :mod:`solvers.cpsat` encodes it):
 * a value whose storage its last reader takes over (``Node.reuses``: Inductor writes an
   elementwise kernel's output into a same-sized input that dies there) ends one step
   early, so the two do not both count at that step. Only values whose lifetime no
-  decision changes are taken over (:attr:`Problem.taken_over`).
+  decision changes are taken over (:attr:`Problem.taken_over`);
+* in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
+  ops that read it compute it themselves (Inductor inlines a cheap elementwise value
+  into each elementwise reader), so the values it reads are read at each of its reads.
 
 The budget bounds the peak of that sum over the step, in bytes.
 
@@ -56,6 +59,10 @@ class Node:
     # A dep of the same size whose storage this value may be written into when it is that
     # dep's last reader (Inductor's in-place reuse of a dying input by an elementwise kernel).
     reuses: int | None = None
+    # Recomputed, it is computed inside each op that reads it rather than stored (Inductor
+    # inlines a cheap elementwise value into every elementwise reader): the recomputation
+    # holds no memory, and what it reads is read at each of its reads instead.
+    inline: bool = False
 
 
 @dataclass(frozen=True)

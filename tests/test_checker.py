@@ -95,6 +95,29 @@ def test_a_value_with_a_decision_is_never_taken_over() -> None:
     assert 0 in p.candidates and p.taken_over == {}
 
 
+def test_inline_recomputation_holds_no_memory_and_reads_at_its_reads() -> None:
+    # y reads x; loss, g1 (step 4) and g2 (step 5) read y. x saved, y recomputed before
+    # step 4: stored, y's copy lives [4,5] and x is read at step 4 only (x [0,4]);
+    # inline, y's copy holds nothing and x is read where y is, at 4 and 5 (x [0,5]).
+    p = P(
+        node("x", size=4),  # 0
+        node("y", 0, size=8),  # 1
+        node("loss", 1, size=1, keep=True),  # 2
+        node("g0", 2, size=1, backward=True),  # 3
+        node("g1", 1, 3, size=2, backward=True),  # 4
+        node("g2", 1, 4, size=2, backward=True, keep=True),  # 5
+    )
+    stored = run(p, {0: S, 1: R})
+    assert stored.timeline == (4, 12, 13, 6, 16, 13)
+    q = P(*(dataclasses.replace(n, inline=n.name == "y") for n in p.nodes))
+    inline = run(q, {0: S, 1: R})
+    assert inline.timeline == (4, 12, 13, 6, 8, 9)
+    assert inline.added_time == stored.added_time  # the same recomputation, counted once
+    # x recomputed too: its copy is made before step 4 and read at y's reads, [4,5].
+    both = run(q, {0: R, 1: R})
+    assert both.timeline == (4, 12, 9, 2, 8, 9)
+
+
 def test_reuses_must_name_a_dep() -> None:
     with pytest.raises(ProblemError, match="reuses must be one of its deps"):
         P(node("a", size=1), node("b", size=1), node("c", 0, size=1, reuses=1))

@@ -426,6 +426,7 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
             time=float(draw(st.integers(0, 5))),
             recomputable=draw(st.integers(0, 5)) > 0,
             keep=draw(st.integers(0, 9)) == 0,
+            inline=draw(st.integers(0, 3)) == 0,  # recomputed, its readers compute it
         ))
     n_forward = len(nodes)
     n_backward = draw(st.integers(2, 5))

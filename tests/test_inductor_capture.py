@@ -277,3 +277,22 @@ def test_addmm_conditions_follow_inductor(tied: tuple[fx.GraphModule, dict[str, 
     other = next(a for a in next(n for n in g.graph.nodes if n.name == add.name).args if a.name != mm.name)
     other.meta["val"] = other.meta["val"].to(torch.float64)
     assert addmm_pairs(g) == {}
+
+
+def test_cheap_values_read_several_times_are_inlined_when_recomputed(both: tuple[Captured, Captured]) -> None:
+    """Node.inline: an elementwise value several elementwise ops read, cheap enough that
+    Inductor computes it in each reader rather than storing it (on the CPU: no tanh, exp,
+    log or sigmoid in it, at most 4 buffers read). The GELU-tanh's cheap intermediates
+    are; its tanh and the matmul's input are not; without Inductor nothing is."""
+    plain, fused = both
+    assert not any(n.inline for n in plain.problem.nodes)
+    inline = [i for i, n in enumerate(fused.problem.nodes) if n.inline]
+    assert inline
+    for i in inline:
+        group = fused.groups[i]
+        assert all(_op(n) != "tanh" for n in group)
+        readers = {u for n in group for u in n.users if u not in group}
+        assert all(torch.Tag.pointwise in u.target.tags or torch.Tag.reduction in u.target.tags
+                   for u in readers), [u.name for u in readers]
+    tanh = [i for i, g in enumerate(fused.groups) if any(_op(n) == "tanh" for n in g)]
+    assert tanh and not any(fused.problem.nodes[i].inline for i in tanh)

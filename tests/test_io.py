@@ -186,6 +186,7 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("negative size", edit(set_node(3, "size", -5)), r"^nodes\[3\]\.size: expected a non-negative int of bytes, got -5$"),
     ("reuses a non-dep", edit(set_node(3, "reuses", 0)), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 0$"),
     ("reuses as text", edit(set_node(3, "reuses", "f1")), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 'f1'$"),
+    ("inline not a bool", edit(set_node(3, "inline", 1)), r"^nodes\[3\]\.inline: expected true or false, got 1$"),
     ("fractional size", edit(set_node(3, "size", 4.0)), r"^nodes\[3\]\.size: .* got 4\.0$"),
     ("bool size", edit(set_node(3, "size", True)), r"^nodes\[3\]\.size: .* got True$"),
     ("time not a number", edit(set_node(2, "time", "fast")), r"^nodes\[2\]\.time: expected a number of seconds, got 'fast'$"),
@@ -363,7 +364,7 @@ def problems(draw: st.DrawFn) -> Problem:
             name=name, op=draw(st.text(max_size=8)), deps=reads, backward=backward,
             size=draw(st.integers(0, 2**40)), time=draw(amounts), flops=draw(amounts),
             recomputable=draw(st.booleans()), resident=resident, keep=draw(st.booleans()),
-            reuses=draw(st.sampled_from([None, *reads])),
+            reuses=draw(st.sampled_from([None, *reads])), inline=draw(st.booleans()),
         ))
     return Problem(
         nodes=tuple(nodes),
