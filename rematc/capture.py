@@ -99,7 +99,8 @@ def capture(
         groups, inlined = fused_groups(groups, value_of, forward, costs, kept, addmm)
         value_of = {n: i for i, group in enumerate(groups) for n in group}
         extern = frozenset(addmm.values())
-        inline = {i for i, g in enumerate(groups) if inlined_when_recomputed(g, value_of, costs, kept, extern)}
+        inline = {i for i, g in enumerate(groups)
+                  if g[0] in forward and inlined_when_recomputed(g, value_of, costs, kept, extern)}
 
     deps_memo: dict[fx.Node, frozenset[int]] = {}
 
@@ -291,9 +292,10 @@ def fused_groups(
     until its reader runs, saving it is no choice (saving the reader is), and recomputing
     the reader recomputes it, all as in the code Inductor generates.
 
-    Inductor also inlines a cheap result into each of several readers; modelling that
-    too predicted peaks 8% below the measured ones on a small GPT (it stores some of
-    them after all), so a value read by several ops stays a value here."""
+    Inductor also inlines a cheap result into each of several readers, but it stores
+    such a result wherever the forward saves it for the backward, so a value read by
+    several ops stays a value here; where it is recomputed instead, ``Node.inline``
+    (:func:`inlined_when_recomputed`) says it holds no memory."""
     limits = CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
     kernels = [list(g) for g in groups]
     # Original values each kernel holds, or reads without a buffer (factories).
@@ -356,12 +358,18 @@ def inline_reader(
     if len(readers) != 1:
         return None
     (u,) = readers
-    fusible = costs[u].is_pointwise or (
-        isinstance(u.target, torch._ops.OpOverload) and torch.Tag.reduction in u.target.tags
-    )
-    if u.op != "call_function" or not fusible or _mutates(u) or (u in forward) != phase or u in extern:
+    if not _fusible_reader(u, costs, extern) or (u in forward) != phase:
         return None
     return u if u in value_of else None
+
+
+def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collection[fx.Node]) -> bool:
+    """An op whose kernel can compute an elementwise input itself: a pointwise op or a
+    reduction, that mutates nothing and that Inductor does not make an extern kernel."""
+    if u.op != "call_function" or u not in costs or _mutates(u) or u in extern:
+        return False
+    return costs[u].is_pointwise or (
+        isinstance(u.target, torch._ops.OpOverload) and torch.Tag.reduction in u.target.tags)
 
 
 # Ops whose results Inductor stores on the CPU when several ops read them
@@ -386,7 +394,7 @@ def inlined_when_recomputed(
     buffers read). Single-reader values are folded into their reader already
     (:func:`fused_groups`); this is for the rest, which stay values: stored when the
     forward saves them, inlined when recomputed. On the GPT-2 benchmark that is the
-    GELU-tanh's cheap intermediates, 64 MiB per recomputed MLP."""
+    GELU-tanh's cheap intermediates, 96 MiB per recomputed MLP."""
     head = group[0]
     if head.op != "call_function" or not costs[head].is_pointwise or costs[head].is_random:
         return False
@@ -395,13 +403,8 @@ def inlined_when_recomputed(
             return False
         if not (costs[n].is_pointwise or _inline_view(n) or _is_factory(n)):
             return False
-        for u in n.users:
-            if u in group:
-                continue
-            fusible = costs.get(u) is not None and (costs[u].is_pointwise or (
-                isinstance(u.target, torch._ops.OpOverload) and torch.Tag.reduction in u.target.tags))
-            if u.op != "call_function" or not fusible or _mutates(u) or u in extern:
-                return False
+        if not all(_fusible_reader(u, costs, extern) for u in n.users if u not in group):
+            return False
     if costs[head].device == "cpu" and any(
             isinstance(n.target, torch._ops.OpOverload) and n.target._opname in HEAVY_OPS for n in group):
         return False
