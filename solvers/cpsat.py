@@ -50,8 +50,9 @@ Constraint families (one ``add_*`` function each):
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes) plus, per candidate, the optional intervals
   :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, :math:`[P_v, L_v]` present iff
-  :math:`R_v` (none for an ``inline`` v), and :math:`[lf(v)+1, X_v]`, :math:`[Y_v, L_v]` present iff :math:`O_v`
-  (the device copy lives until its copy out ends, and again from its copy back on).
+  :math:`R_v` (none for an ``inline`` v), and :math:`[lf(v)+1, X_v]`, :math:`[Y_v, L_v]`
+  present iff :math:`O_v` (the device copy lives until its copy out ends, and again from
+  its copy back on).
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
   restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
@@ -366,9 +367,9 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     b_k + sum_{v: lf(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= max bu(v)} s_v (R_v + O_v)
         + sum_{v: k = lf(v)+1} s_v O_v <= floor(B/q)
 
-    (no R_v term for an inline v, whose recomputation holds no memory)
     with e(v) = max bu(v), or F for a value only recomputed users read (saved, it lives at
-    least to the backward's first step). Each term is live whatever the other decisions,
+    least to the backward's first step), and no R_v term for an inline v (its
+    recomputation holds no memory). Each term is live whatever the other decisions,
     so the row is implied by the cumulative; the cumulative alone gives CP-SAT no useful
     bound. Rows are added for the steps with the largest save-everything memory first, up
     to ``max_terms`` terms in all.
