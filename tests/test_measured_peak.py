@@ -41,10 +41,10 @@ def measured_step_peak(compiled, model, inputs) -> int:  # type: ignore[no-untyp
 
 
 @pytest.mark.inductor
-@pytest.mark.parametrize("fraction", [0.85, 0.7, 0.6])
+@pytest.mark.parametrize("fraction", [0.85, 0.6, 0.45])
 def test_measured_peak_within_budget_inductor(fraction: float) -> None:
-    """Down to near the smallest feasible budget (58% of the unconstrained peak here: the
-    logits and their gradient, which Inductor keeps to the tied weight's addmm)."""
+    """Down to near the smallest feasible budget (40% of the unconstrained peak here; the
+    logits and their gradient, which Inductor keeps to the tied weight's addmm, stay)."""
     model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
     compiled = rematc.compile(model, budget=fraction, compiler="inductor")
     peak = measured_step_peak(compiled, model, inputs)
