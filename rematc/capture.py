@@ -350,7 +350,7 @@ def inline_reader(
         return None
     phase = head in forward
     for n in group:
-        if n in kept or _mutates(n) or n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE:
+        if _stays_stored(n, kept):
             return None
         if (n is not head and not _inline_view(n)) or (n in forward) != phase:
             return None
@@ -361,6 +361,12 @@ def inline_reader(
     if not _fusible_reader(u, costs, extern) or (u in forward) != phase:
         return None
     return u if u in value_of else None
+
+
+def _stays_stored(n: fx.Node, kept: set[fx.Node]) -> bool:
+    """Inductor stores this node's result whatever reads it: a graph output, a mutation,
+    or a value PyTorch forces to be saved."""
+    return n in kept or _mutates(n) or n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE
 
 
 def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collection[fx.Node]) -> bool:
@@ -399,7 +405,7 @@ def inlined_when_recomputed(
     if head.op != "call_function" or not costs[head].is_pointwise or costs[head].is_random:
         return False
     for n in group:
-        if n in kept or _mutates(n) or n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE:
+        if _stays_stored(n, kept):
             return False
         if not (costs[n].is_pointwise or _inline_view(n) or _is_factory(n)):
             return False
