@@ -159,12 +159,20 @@ def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: i
 
 
 def segment_boundaries(problem: Problem) -> list[int]:
-    """Forward values that are the only non-resident value live across their step."""
+    """Forward values that are the only non-resident value live across their step.
+
+    Constants (values computed from no input, as a ``full`` fill value or an ``iota``
+    mask, and what only they feed) are not counted: every block may read one, as a
+    checkpointed block reads it from its closure, so it would otherwise hide every
+    boundary after it.
+    """
     f = problem.n_forward
+    constant = [False] * f
     live_after = [0] * (f + 1)  # live non-resident values crossing from step k to k+1
     for v in range(f):
         node = problem.nodes[v]
-        if node.resident:
+        constant[v] = not node.resident and all(constant[d] for d in node.deps if d < f)
+        if node.resident or constant[v]:
             continue
         end = problem.last_forward_use[v]
         live_after[v] += 1

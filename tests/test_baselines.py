@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import Problem, SolverConfig, Status, check, save_all, solve
+from solvers import Node, Problem, SolverConfig, Status, check, save_all, solve
 from solvers.baselines import (
     checkpoint_every,
     free_recompute,
@@ -42,6 +43,21 @@ def test_chain_boundaries_are_every_value_with_a_later_reader() -> None:
     p = chain()
     # f0..f6 each carry the chain alone; f7 (the last) has no forward reader.
     assert [p.nodes[v].name for v in segment_boundaries(p)] == [f"f{k}" for k in range(7)]
+
+
+def test_a_constant_every_block_reads_hides_no_boundary() -> None:
+    """A value computed from no input (a ``full`` fill value, a causal mask) read by every
+    block is live across every step; the blocks' boundaries are still found, and
+    checkpointing them lowers the peak."""
+    p = chain()
+    nodes = [p.nodes[0], Node(name="fill", size=1, time=0.0)]  # the constant at index 1
+    for n in p.nodes[1:]:
+        deps = tuple(d + (d >= 1) for d in n.deps)  # every later index moves up by one
+        nodes.append(replace(n, deps=deps if n.backward else (*deps, 1)))
+    q = Problem(nodes=tuple(nodes))
+    assert [q.nodes[v].name for v in segment_boundaries(q)] == [f"f{k}" for k in range(7)]
+    full, every = save_all(q).report, checkpoint_every(q, k=2).report
+    assert full is not None and every is not None and every.peak < full.peak
 
 
 @pytest.mark.parametrize("name", sorted(BASELINES))

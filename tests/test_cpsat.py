@@ -27,6 +27,7 @@ from solvers import (
     PlanError,
     Problem,
     SolverConfig,
+    SolveResult,
     Status,
     Transfer,
     check,
@@ -213,6 +214,36 @@ def test_hand_graph_min_feasible_peak_matches_brute_force(graph: str) -> None:
     assert result.status is Status.OPTIMAL
     assert result.report is not None
     assert result.report.peak == min(o.peak for o in HAND_OUTCOMES[graph])
+
+
+@pytest.fixture
+def greedy_never_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The greedy seed never fits, as near the least feasible budget of a large graph:
+    the minimum-peak model seeds the search."""
+
+    def unfit(problem: Problem, config: SolverConfig = SolverConfig(), **_: object) -> SolveResult:
+        return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=float("inf"),
+                           bound=0.0, wall_time=0.0, solver="greedy")
+
+    monkeypatch.setattr(solvers.cpsat, "greedy", unfit)
+
+
+@pytest.mark.usefixtures("greedy_never_fits")
+@pytest.mark.parametrize(("graph", "budget"), HAND_CASES, ids=[f"{g}-{b}B" for g, b in HAND_CASES])
+def test_peak_seed_fits_or_proves_the_least_budget(graph: str, budget: int) -> None:
+    """Without a greedy plan the seed is the peak model's first plan within budget (the
+    checker agrees), or the proof that none is, with the least budget; the search from
+    it still finds the optimum."""
+    q = HAND[graph].with_budget(budget)
+    outcomes = HAND_OUTCOMES[graph]
+    if cheapest(outcomes, budget) is None:
+        with pytest.raises(InfeasibleBudgetError) as info:
+            solvers.cpsat.seed(q, CFG)
+        assert info.value.min_feasible == min(o.peak for o in outcomes)
+    else:
+        start = solvers.cpsat.seed(q, CFG)
+        assert start is not None and check(q, start).fits
+    assert_matches_brute_force(HAND[graph], budget, outcomes)
 
 
 def test_every_hand_graph_has_an_infeasible_and_a_feasible_case() -> None:
