@@ -462,7 +462,8 @@ def prepare(problem: Problem, config: SolverConfig) -> tuple[Model | anywhere.Mo
 
 
 def seed(problem: Problem, config: SolverConfig) -> Plan | None:
-    """A plan within budget to start the search from, or None.
+    """A plan to start the search from: within budget, or the least-peak plan found when
+    none within budget was found in time, or None.
 
     The greedy's, when it fits. The greedy may take a fifth of the time: on thousands of
     candidates its checker replays add up to seconds, and CP-SAT improves on a plan faster
@@ -479,7 +480,8 @@ def seed(problem: Problem, config: SolverConfig) -> Plan | None:
         return start.plan
     t0 = time.perf_counter()
     model = build(problem.with_budget(None), minimize_peak=True)
-    solver = make_solver(replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE))
+    # No gap limit: CP-SAT would answer OPTIMAL at it, and that is read as a proof below.
+    solver = make_solver(replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE, relative_gap=0.0))
     capacity = problem.scale.capacity(problem.budget)
     code = solver.solve(model.cp, StopAtMost(capacity))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -546,7 +548,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
         return anywhere.min_feasible_peak(problem, config)
     t0 = time.perf_counter()
     model = build(problem.with_budget(None), minimize_peak=True)
-    solver = make_solver(config)
+    solver = make_solver(replace(config, relative_gap=0.0))  # OPTIMAL must mean proven
     code = solver.solve(model.cp)
     return min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
                            name="cpsat-min-peak", stats=solve_stats(model, solver, code))

@@ -246,6 +246,14 @@ def test_peak_seed_fits_or_proves_the_least_budget(graph: str, budget: int) -> N
     assert_matches_brute_force(HAND[graph], budget, outcomes)
 
 
+@pytest.mark.parametrize("graph", list(HAND))
+def test_min_feasible_peak_is_proven_whatever_the_gap_limit(graph: str) -> None:
+    """A gap limit is for the cost search: a least peak reported OPTIMAL is the least."""
+    result = min_feasible_peak(HAND[graph], SolverConfig(workers=1, time_limit=30.0, relative_gap=0.9))
+    assert result.status is Status.OPTIMAL and result.report is not None
+    assert result.report.peak == min(o.peak for o in HAND_OUTCOMES[graph])
+
+
 def test_every_hand_graph_has_an_infeasible_and_a_feasible_case() -> None:
     for name, outcomes in HAND_OUTCOMES.items():
         budgets = interesting_budgets(outcomes)
