@@ -77,8 +77,6 @@ from solvers.sat import (
 )
 
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
-SMALL_COPIES = 3  # on graphs of at most SMALL_STEPS steps: a second recomputation too
-SMALL_STEPS = 500
 MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
 LOOKAHEAD = 8  # candidates the greedy replays on the checker at each step
 
@@ -123,16 +121,6 @@ class Model:
         return 1 if read.step >= 0 else self.R[read.reader, read.copy]
 
 
-def default_copies(problem: Problem) -> int:
-    """Copies per value when the caller names none: three on graphs of up to
-    ``SMALL_STEPS`` steps, two above. A second recomputation widens the search, and on
-    the small graphs CP-SAT covers the wider one within a minute: on the random layered
-    graphs at 80% of the plain peak the cost found in 60 s fell from 5.05% to 4.90% (250
-    nodes) and from 3.63% to 3.55% (500), and the smaller cases proved the same optima.
-    At 1,000 nodes the model with three copies found no plan in 60 s."""
-    return SMALL_COPIES if len(problem.nodes) <= SMALL_STEPS else COPIES
-
-
 def recomputable(problem: Problem) -> list[int]:
     """Values a recomputation may be worth: recomputable, taking memory, read by something.
     A value read only at the next step is worth one too, as the input of a recomputed
@@ -142,9 +130,9 @@ def recomputable(problem: Problem) -> list[int]:
             and not (node.resident or node.keep or node.size == 0)]
 
 
-def build(problem: Problem, *, copies: int | None = None, minimize_peak: bool = False) -> Model:
+def build(problem: Problem, *, copies: int = COPIES, minimize_peak: bool = False) -> Model:
     """The model of ``problem`` (see the module docstring), objective included."""
-    m = Model(problem, default_copies(problem) if copies is None else copies)
+    m = Model(problem, copies)
     add_variables(m)
     add_copies(m)
     add_serve(m)
@@ -381,7 +369,7 @@ def hint(m: Model, plan: Plan) -> None:
         m.cp.add_hint(e, max(start, ends.get((v, c), start)))
 
 
-def prepare(problem: Problem, config: SolverConfig, *, copies: int | None = None
+def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
             ) -> tuple[Model, cp_model.CpSolver]:
     """The model, hinted with the greedy plan, and a configured solver (``config.step_gap``
     as an absolute gap limit)."""
@@ -426,7 +414,7 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
     )
 
 
-def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, copies: int | None = None) -> SolveResult:
+def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, copies: int = COPIES) -> SolveResult:
     """The cheapest recompute plan within ``problem.budget``, up to ``copies`` copies of a
     value (see :func:`solvers.cpsat.solve` for the statuses and the infeasible case)."""
     t0 = time.perf_counter()
@@ -437,7 +425,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, copies: in
 
 
 def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
-                      copies: int | None = None) -> SolveResult:
+                      copies: int = COPIES) -> SolveResult:
     """The plan with the smallest checker peak (any added time)."""
     t0 = time.perf_counter()
     m = build(problem.with_budget(None), copies=copies, minimize_peak=True)
