@@ -479,20 +479,29 @@ def seed(problem: Problem, config: SolverConfig) -> Plan | None:
     if start.plan is not None or problem.budget is None:
         return start.plan
     t0 = time.perf_counter()
-    model = build(problem.with_budget(None), minimize_peak=True)
-    # No gap limit: CP-SAT would answer OPTIMAL at it, and that is read as a proof below.
-    solver = make_solver(replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE, relative_gap=0.0))
     capacity = problem.scale.capacity(problem.budget)
-    code = solver.solve(model.cp, StopAtMost(capacity))
+    model, solver, code = peak_search(problem, replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE),
+                                      stop=StopAtMost(capacity))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     plan = extract_plan(model, solver)
-    if code == cp_model.OPTIMAL and solver.objective_value > capacity:
-        least = check(problem, plan).peak
-        raise InfeasibleBudgetError(problem.budget, least, proven=True)
-    log.info("seed: the minimum-peak model's first plan within budget, after %.1f s",
+    fits = solver.objective_value <= capacity
+    if code == cp_model.OPTIMAL and not fits:
+        raise InfeasibleBudgetError(problem.budget, check(problem, plan).peak, proven=True)
+    log.info("seed: the minimum-peak model's %s after %.1f s",
+             "first plan within budget" if fits else "least-peak plan found (over budget)",
              time.perf_counter() - t0)
     return plan
+
+
+def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None
+                ) -> tuple[Model, cp_model.CpSolver, cp_model.CpSolverStatus]:
+    """Minimize the peak (any added time). No gap limit: CP-SAT answers OPTIMAL at one,
+    and OPTIMAL here is read as the proof of the least budget."""
+    model = build(problem.with_budget(None), minimize_peak=True)
+    solver = make_solver(replace(config, relative_gap=0.0))
+    code = solver.solve(model.cp, stop) if stop is not None else solver.solve(model.cp)
+    return model, solver, code
 
 
 class StopAtMost(cp_model.CpSolverSolutionCallback):
@@ -547,9 +556,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     if problem.single_phase:
         return anywhere.min_feasible_peak(problem, config)
     t0 = time.perf_counter()
-    model = build(problem.with_budget(None), minimize_peak=True)
-    solver = make_solver(replace(config, relative_gap=0.0))  # OPTIMAL must mean proven
-    code = solver.solve(model.cp)
+    model, solver, code = peak_search(problem, config)
     return min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
                            name="cpsat-min-peak", stats=solve_stats(model, solver, code))
 
