@@ -381,6 +381,7 @@ def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collecti
 # Ops whose results Inductor stores on the CPU when several ops read them
 # (``should_realize_on_reuse``: too costly to compute once per reader).
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+REALIZE_READS = 4  # Inductor's realize_reads_threshold: above it, a result read several times is stored
 
 
 def inlined_when_recomputed(
@@ -416,8 +417,6 @@ def inlined_when_recomputed(
         return False
     return _reads(group, {value_of[head]}, value_of) <= REALIZE_READS
 
-
-REALIZE_READS = 4  # Inductor's realize_reads_threshold
 
 
 def addmm_pairs(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:

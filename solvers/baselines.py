@@ -171,7 +171,7 @@ def segment_boundaries(problem: Problem) -> list[int]:
     live_after = [0] * (f + 1)  # live non-resident values crossing from step k to k+1
     for v in range(f):
         node = problem.nodes[v]
-        constant[v] = not node.resident and all(constant[d] for d in node.deps if d < f)
+        constant[v] = not node.resident and all(constant[d] for d in node.deps)  # deps precede v
         if node.resident or constant[v]:
             continue
         end = problem.last_forward_use[v]
