@@ -210,3 +210,36 @@ def test_a_chain_is_recomputed_when_its_reader_is() -> None:
         assert_matches_brute_force(p, budget, outcomes, 2)
     result = anywhere.solve(p.with_budget(7), CFG)
     assert result.plan is not None and set(result.plan.decisions) == {0, 1}
+
+
+def assert_hint_is_a_solution(problem: Problem, copies: int) -> None:
+    """The model's own optimal plan, read back by :func:`anywhere.hint` into a fresh model
+    with every hinted variable fixed, is a solution with the same schedule: the hint sets
+    every copy, read and interval end as the checker reads the plan (a wrong one leaves
+    the fixed model infeasible)."""
+    try:
+        result = anywhere.solve(problem, CFG, copies=copies)
+    except InfeasibleBudgetError:
+        return
+    assert result.plan is not None
+    m = anywhere.build(problem, copies=copies)
+    anywhere.hint(m, result.plan)
+    solver = anywhere.make_solver(CFG)
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    code = solver.solve(m.cp)
+    assert solver.status_name(code) in ("OPTIMAL", "FEASIBLE")
+    assert anywhere.extract_plan(m, solver).schedule == result.plan.schedule
+
+
+@pytest.mark.parametrize("copies", [2, 3])
+def test_the_hint_of_a_plan_is_a_solution(copies: int) -> None:
+    p = three_reads()
+    for budget in (20, 21, 24):
+        assert_hint_is_a_solution(p.with_budget(budget), copies)
+
+
+@settings(max_examples=20, deadline=None)
+@given(small_dags(), st.integers(0, 100))
+def test_the_hint_of_a_random_plan_is_a_solution(problem: Problem, pct: int) -> None:
+    peak = check(problem, Plan({})).peak
+    assert_hint_is_a_solution(problem.with_budget(peak * pct // 100), 2)

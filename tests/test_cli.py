@@ -5,8 +5,8 @@ content, dumps, Ctrl-C, and every kind of bad input (one line, exit status 2).""
 from __future__ import annotations
 
 import json
-import os
-import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -256,17 +256,38 @@ def hard_problem(n: int = 200, seed: int = 0) -> Problem:
     return Problem(nodes=tuple(nodes), name="hard")
 
 
-def test_ctrl_c_reports_best_plan_and_gap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+CTRL_C_SCRIPT = """
+import os, signal, sys, threading
+from rematc.cli import main
+from solvers import progress
+
+first = progress._Watcher.on_solution_callback
+sent = threading.Event()
+
+def on_solution(self):
+    first(self)
+    if not sent.is_set():
+        sent.set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+progress._Watcher.on_solution_callback = on_solution
+rc = main(sys.argv[1:])
+sys.exit(rc if sent.is_set() else 99)
+"""
+
+
+def test_ctrl_c_reports_best_plan_and_gap(tmp_path: Path) -> None:
     path = tmp_path / "hard.json"
     save_problem(hard_problem(), path)
-    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        rc, out, err = run(capsys, "solve", path, "--budget", "30%", "--time-limit", "60",
-                           "--workers", "1", "--json", "--out", tmp_path / "plan.json")
-    finally:
-        timer.cancel()
-    assert rc == 130
+    # Ctrl-C once the search has its first plan (the problem takes seconds to prove), in a
+    # fresh interpreter: a timer would race the solve, and earlier tests in this process
+    # may leave SIGINT's handling changed.
+    argv = ["solve", str(path), "--budget", "30%", "--time-limit", "60", "--workers", "1",
+            "--json", "--out", str(tmp_path / "plan.json")]
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, *argv], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert rc == 130, err
     summary = json.loads(out)
     assert summary["interrupted"] is True and summary["plan"] is not None and summary["gap"] is not None
     assert summary["solve_time_s"] < 30
