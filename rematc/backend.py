@@ -69,8 +69,8 @@ def inductor_patches(options: Options, partitioner: RematPartitioner) -> dict[st
     On a plan tuned to its budget the held buffers are what breaks it: the 6-layer GPT-2
     with explicit attention, planned at 485 MiB, measured 639 MiB with the pool (three
     dead MLP-sized buffers held through the last layer's attention backward) and 460 MiB
-    without. Freed buffers go back to the caching allocator on
-    GPU; kernels that write over a dying input in place (``Node.reuses``) still do.
+    without. Freed buffers go back to the caching allocator on GPU; kernels that write
+    over a dying input in place (``Node.reuses``) still do.
     """
     patches: dict[str, Any] = {"custom_partitioner_fn": partitioner}
     if options.budget is not None:

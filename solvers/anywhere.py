@@ -58,7 +58,7 @@ checker peak is at most the model's.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -68,6 +68,7 @@ from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
     Watch,
+    make_peak_solver,
     make_solver,
     min_peak_result,
     objective_seconds,
@@ -429,7 +430,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *
     """The plan with the smallest checker peak (any added time)."""
     t0 = time.perf_counter()
     m = build(problem.with_budget(None), copies=copies, minimize_peak=True)
-    solver = make_solver(replace(config, relative_gap=0.0))  # OPTIMAL must mean proven
+    solver = make_peak_solver(config)
     code = solver.solve(m.cp)
     return min_peak_result(problem, solver, code, lambda: extract_plan(m, solver), started=t0,
                            name="cpsat-anywhere-min-peak", stats=search_stats(m.cp, solver, code))

@@ -102,6 +102,7 @@ from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
     Watch,
+    make_peak_solver,
     make_solver,
     min_peak_result,
     objective_seconds,
@@ -496,10 +497,9 @@ def seed(problem: Problem, config: SolverConfig) -> Plan | None:
 
 def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None
                 ) -> tuple[Model, cp_model.CpSolver, cp_model.CpSolverStatus]:
-    """Minimize the peak (any added time). No gap limit: CP-SAT answers OPTIMAL at one,
-    and OPTIMAL here is read as the proof of the least budget."""
+    """Minimize the peak (any added time), with no gap limit (:func:`make_peak_solver`)."""
     model = build(problem.with_budget(None), minimize_peak=True)
-    solver = make_solver(replace(config, relative_gap=0.0))
+    solver = make_peak_solver(config)
     code = solver.solve(model.cp, stop) if stop is not None else solver.solve(model.cp)
     return model, solver, code
 

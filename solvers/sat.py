@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ortools.sat.python import cp_model
 
@@ -33,6 +34,13 @@ def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     # KeyboardInterrupt. Interrupting a search is the caller's business (solvers.progress).
     s.parameters.catch_sigint_signal = False
     return s
+
+
+def make_peak_solver(config: SolverConfig) -> cp_model.CpSolver:
+    """:func:`make_solver` for a minimum-peak search: no gap limit. CP-SAT answers OPTIMAL
+    when it stops at a gap limit, and a minimum-peak search's OPTIMAL is read as the proof
+    of the least feasible budget."""
+    return make_solver(replace(config, relative_gap=0.0))
 
 
 class Watch(cp_model.CpSolverSolutionCallback):
