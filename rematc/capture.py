@@ -39,7 +39,7 @@ from torch._prims_common import is_expandable_to
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
-from rematc.annotate import NodeCost, storage_bytes
+from rematc.annotate import META_KEY, NodeCost, storage_bytes
 from solvers import Node, Problem
 
 
@@ -93,14 +93,12 @@ def capture(
             value_of[n] = value_of[owner[n]]
             groups[value_of[n]].append(n)
     inlined: frozenset[fx.Node] = frozenset()
-    inline: set[int] = set()
+    extern: frozenset[fx.Node] = frozenset()  # adds Inductor makes extern kernels (addmm)
     if inductor:
         addmm = addmm_pairs(joint)
+        extern = frozenset(addmm.values())
         groups, inlined = fused_groups(groups, value_of, forward, costs, kept, addmm)
         value_of = {n: i for i, group in enumerate(groups) for n in group}
-        extern = frozenset(addmm.values())
-        inline = {i for i, g in enumerate(groups)
-                  if g[0] in forward and inlined_when_recomputed(g, value_of, costs, kept, extern)}
 
     deps_memo: dict[fx.Node, frozenset[int]] = {}
 
@@ -113,10 +111,20 @@ def capture(
             deps_memo[n] = frozenset(out)
         return deps_memo[n]
 
+    group_deps = [frozenset().union(*(value_deps(n) for n in g)) - {i} for i, g in enumerate(groups)]
+    inline = inline_values(groups, group_deps, forward, costs, kept, extern) if inductor else set()
     problem_nodes: list[Node] = []
     for i, group in enumerate(groups):
         head = group[0]
-        deps = set().union(*(value_deps(n) for n in group)) - {i}
+        deps = set(group_deps[i])
+        # A backward value Inductor computes inside each reader (``inline``, never
+        # recomputed: it runs once, in the backward) is stored nowhere: it holds no bytes,
+        # and each reader reads what it reads, so those live until its last reader. That
+        # is exact here, as no decision changes a backward value; for forward values the
+        # solvers apply the rule to recomputations only (``Node.inline``).
+        deps |= {d for j in deps if j in inline and groups[j][0] not in forward
+                 for d in problem_nodes[j].deps}
+        folded_away = i in inline and head not in forward
         # An inlined node runs inside the kernel of the op that reads it: no time of its
         # own, and a recomputation of that op recomputes it at no extra pass over memory.
         own = [n for n in group if n not in inlined]
@@ -128,20 +136,69 @@ def capture(
                 backward=head not in forward,
                 # An op's workspace lives while it runs: counted with its value, which is
                 # an overcount for the steps its outputs outlive it.
-                size=own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
+                size=0 if folded_away else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
                 time=sum(costs[n].recompute_time for n in own),
                 flops=sum(costs[n].flops for n in own),
                 recomputable=_recomputable(group, costs),
                 offloadable=_offloadable(group, costs),
                 resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
-                inline=i in inline,
+                inline=i in inline and not folded_away,
             )
         )
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
     if inductor:
         problem = with_inplace_reuse(problem, groups, value_of, costs)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward)
+
+
+def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], *,
+                           num_fwd_outputs: int, static_lifetime_input_indices: Sequence[int] = ()) -> int:
+    """Give each reader of a cheap forward-only elementwise value its own copy of it, as
+    Inductor does; return how many copies were made.
+
+    Inductor computes such a value inside each elementwise or reduction kernel that reads
+    it and never stores it, unless it is a forward output (saved for the backward). As one
+    value read by several ops, the problem would count its bytes from its step to its last
+    reader: at the end of a language model's forward that is the logits minus their
+    maximum, 128 MiB on the GPT-2 benchmark, where Inductor stores only the log-softmax
+    (written over the logits). With a copy per reader, each copy has one reader and
+    :func:`fused_groups` folds it into it, so the log-softmax reads the logits itself and
+    may take their storage over. Only values no backward op reads: saving one is then no
+    decision the plan can make (a reader saved or recomputed carries its copy), which is
+    what Inductor would do with it unsaved.
+
+    The conditions are :func:`inline_values`'s, on the FX node: elementwise, not random,
+    no output or forced save, at most ``REALIZE_READS`` inputs, on the CPU no exp, log,
+    sigmoid or tanh, and every reader an elementwise or reduction op of the forward that
+    Inductor does not make an extern kernel."""
+    info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
+    fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    kept = {o for o in (*fwd_outputs, *bwd_outputs) if isinstance(o, fx.Node)}
+    extern = frozenset(addmm_pairs(joint).values())
+    copies = 0
+    for v in list(joint.graph.nodes):
+        readers = list(v.users)
+        if (v not in info.required_fw_nodes or len(readers) < 2 or v not in costs
+                or costs[v].owner != v.name or costs[v].is_view or len(v.all_input_nodes) > REALIZE_READS
+                or not _inlinable([v], costs, kept, extern)
+                or not all(u in info.required_fw_nodes for u in readers)):
+            continue
+        for u in readers[1:]:
+            with joint.graph.inserting_before(u):
+                copy = joint.graph.node_copy(v)
+            val = v.meta.get("val")
+            if isinstance(val, torch.Tensor):  # a storage of its own, as the copy will have
+                with val.fake_mode:  # type: ignore[attr-defined]
+                    copy.meta["val"] = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype,
+                                                           device=val.device)
+            u.replace_input_with(v, copy)
+            costs[copy] = dataclasses.replace(costs[v], owner=copy.name)
+            copy.meta[META_KEY] = costs[copy]
+            copies += 1
+    if copies:
+        joint.recompile()
+    return copies
 
 
 def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
@@ -156,11 +213,12 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     was counted twice at the peak, 17% over the measured peak. Marked only where
     Inductor does it: the value's owner is a pointwise op that mutates nothing, it reads
     the input's owner directly (through a view the read is not at the write's index),
-    the input is no graph input, and (:attr:`Problem.taken_over`) no decision changes
-    the input's readers. The first such input in value order is the one marked.
+    the input is no graph input, and the value is the input's last reader. Whether it
+    reads the input's storage last is up to the plan (:attr:`Problem.taken_over`: a
+    saved forward copy is not overwritten in the forward, a later recomputation keeps the
+    backward's copy). The first such input in value order is the one marked.
     """
     nodes = list(problem.nodes)
-    candidates = set(problem.candidates)
     for v, group in enumerate(groups):
         head = group[0]
         if head.op != "call_function" or not costs[head].is_pointwise or any(_mutates(n) for n in group):
@@ -169,7 +227,7 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
                   if a in value_of and groups[value_of[a]][0] is a}
         for u in sorted(direct - {v}):
             src = problem.nodes[u]
-            if (src.size == nodes[v].size > 0 and problem.users[u][-1] == v and u not in candidates
+            if (src.size == nodes[v].size > 0 and problem.users[u][-1] == v
                     and not src.resident and not src.keep and groups[u][0].op != "placeholder"):
                 nodes[v] = dataclasses.replace(nodes[v], reuses=u)
                 break
@@ -295,7 +353,7 @@ def fused_groups(
     Inductor also inlines a cheap result into each of several readers, but it stores
     such a result wherever the forward saves it for the backward, so a value read by
     several ops stays a value here; where it is recomputed instead, ``Node.inline``
-    (:func:`inlined_when_recomputed`) says it holds no memory."""
+    (:func:`inline_values`) says it holds no memory."""
     limits = CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
     kernels = [list(g) for g in groups]
     # Original values each kernel holds, or reads without a buffer (factories).
@@ -384,24 +442,47 @@ HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"
 REALIZE_READS = 4  # Inductor's realize_reads_threshold: above it, a result read several times is stored
 
 
-def inlined_when_recomputed(
-    group: Sequence[fx.Node],
-    value_of: dict[fx.Node, int],
+def inline_values(
+    groups: Sequence[Sequence[fx.Node]],
+    deps: Sequence[frozenset[int]],
+    forward: frozenset[fx.Node],
     costs: dict[fx.Node, NodeCost],
     kept: set[fx.Node],
     extern: Collection[fx.Node] = (),
-) -> bool:
-    """Whether Inductor, given this value's recomputation in the backward, computes it
-    inside each op that reads it instead of storing it (``Node.inline``).
+) -> set[int]:
+    """The values Inductor computes inside each op that reads them instead of storing
+    them, wherever they are computed in the backward (``Node.inline``).
 
     Inductor's lowering keeps an elementwise result unstored and inlines it into every
     reader unless a reader needs a buffer (an extern kernel), the result is an output, or
     it is worth storing because several ops read it (``should_realize_on_reuse``: on the
     CPU any exp/log/sigmoid/tanh in it, or more than ``realize_reads_threshold`` = 4
     buffers read). Single-reader values are folded into their reader already
-    (:func:`fused_groups`); this is for the rest, which stay values: stored when the
-    forward saves them, inlined when recomputed. On the GPT-2 benchmark that is the
-    GELU-tanh's cheap intermediates, 96 MiB per recomputed MLP."""
+    (:func:`fused_groups`); this is for the rest. A forward value stays a value: stored
+    when the forward saves it, inlined when recomputed (on the GPT-2 benchmark the
+    GELU-tanh's cheap intermediates, 96 MiB per recomputed MLP). A backward value is
+    never stored (the cross-entropy backward's ``one_hot * grad``, logits-sized).
+
+    Buffers read are counted as Inductor counts them: a constant factory reads none, and
+    an unstored backward value stands for the buffers it reads."""
+    unstored: dict[int, frozenset[int]] = {}  # value read without its own buffer -> buffers read instead
+    out: set[int] = set()
+    for i, group in enumerate(groups):
+        if _is_factory(group[0]):
+            unstored[i] = frozenset()
+            continue
+        reads = frozenset().union(*(unstored.get(d, {d}) for d in deps[i]))
+        if len(reads) <= REALIZE_READS and _inlinable(group, costs, kept, extern):
+            out.add(i)
+            if group[0] not in forward:
+                unstored[i] = reads
+    return out
+
+
+def _inlinable(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: set[fx.Node],
+               extern: Collection[fx.Node]) -> bool:
+    """Elementwise throughout, read by elementwise ops and reductions only, not stored for
+    another reason, and on the CPU free of the ops Inductor will not compute twice."""
     head = group[0]
     if head.op != "call_function" or not costs[head].is_pointwise or costs[head].is_random:
         return False
@@ -412,11 +493,8 @@ def inlined_when_recomputed(
             return False
         if not all(_fusible_reader(u, costs, extern) for u in n.users if u not in group):
             return False
-    if costs[head].device == "cpu" and any(
-            isinstance(n.target, torch._ops.OpOverload) and n.target._opname in HEAVY_OPS for n in group):
-        return False
-    return _reads(group, {value_of[head]}, value_of) <= REALIZE_READS
-
+    return not (costs[head].device == "cpu" and any(
+        isinstance(n.target, torch._ops.OpOverload) and n.target._opname in HEAVY_OPS for n in group))
 
 
 def addmm_pairs(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:

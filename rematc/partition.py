@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from rematc import plancache
 from rematc.annotate import NodeCost, annotate
-from rematc.capture import Captured, capture, place_addmm_operands
+from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for
 from rematc.emit import emit, verify
 from rematc.errors import NoPlanError, SolverError
@@ -254,6 +254,9 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
     # the graph to this one shape (bound_dynamic_sizes says which shapes a plan serves).
     with shape_env.suppress_guards() if shape_env is not None else nullcontext():
         costs = annotate(joint, device, fuses=fuses)
+        if fuses:
+            split_shared_pointwise(joint, costs, num_fwd_outputs=num_fwd_outputs,
+                                   static_lifetime_input_indices=static)
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
                            host_bandwidth=device.host_bandwidth, name=name, inductor=fuses)

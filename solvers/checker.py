@@ -11,8 +11,8 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
   copy out runs beside (``Transfer.offload_at``), and again from the backward step its copy
   back runs beside (``Transfer.reload_at``) to its last backward consumer;
 * a backward value: from its step to its last use (the end if ``keep``);
-* a value whose last reader takes its storage over (``Problem.taken_over``) ends one step
-  before that reader.
+* a copy whose last read is by the op that takes the value's storage over
+  (``Problem.taken_over``) ends one step before that op.
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
@@ -166,15 +166,20 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             continue
         made = [((i, 1, 0), i), *sorted(copies.get(i, ()))]
         keys = [key for key, _ in made]
-        last = [start for _, start in made]
+        last_read: list[Key | None] = [None] * len(made)
         for r in [*((u, 1, 0) for u in users), *recompute_reads.get(i, ())]:
             j = bisect.bisect_left(keys, r) - 1  # the latest copy made before the read
             if j >= 0:
-                last[j] = max(last[j], r[0])
+                last_read[j] = max(r, last_read[j] or r)
+        last = [start if r is None else max(start, r[0]) for (_, start), r in zip(made, last_read, strict=True)]
         if i in moves:  # the device copy lives until its copy to the host has run
             last[0] = max(last[0], moves[i].offload_at)
+        taker = problem.taken_over.get(i)
+        for j, r in enumerate(last_read):
+            if taker is not None and r == (taker, 1, 0) and last[j] == taker:
+                last[j] = taker - 1  # the last reader writes its result over this copy
         out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
-                  if key != inline.get(i)]
+                  if key != inline.get(i) and start <= hi]
     return out
 
 

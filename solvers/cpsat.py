@@ -8,7 +8,10 @@ canonical schedule and, for each offload, any of the steps its copies may run be
 
 Notation. Timeline steps :math:`k = 0..N-1`; the forward is :math:`k < F`. For a forward
 value :math:`v`: :math:`s_v` bytes, :math:`t_v` seconds, :math:`lf(v)` its last forward
-use, :math:`bu(v)` the backward steps that read it, :math:`fu(v)` its forward users.
+use, :math:`bu(v)` the backward steps that read it, :math:`fu(v)` its forward users,
+:math:`to(v)` the step of the op that takes its storage over (``problem.taken_over``),
+:math:`fe(v)` the last step of its forward copy when not kept (``problem.forward_end``:
+:math:`lf(v) - 1` where :math:`to(v) = lf(v)`, else :math:`lf(v)`).
 :math:`C` is the set of values that may need a decision (``problem.candidates``).
 
 Variables, for :math:`v \in C`:
@@ -18,7 +21,9 @@ Variables, for :math:`v \in C`:
 * :math:`P_v \in [F, N-1]`: the backward step v is recomputed before;
 * :math:`L_v \in [F, N-1]`: v's last backward consumer;
 * :math:`Q_{v,w} \in [F, N-1]`, for each candidate forward user w of v: :math:`P_w` if
-  :math:`R_w`, else :math:`N-1` (what the anchor's minimum ranges over).
+  :math:`R_w`, else :math:`N-1` (what the anchor's minimum ranges over);
+* :math:`T_v \in \{0,1\}`, where :math:`to(v)` is a backward step: that op is v's last
+  consumer, so it writes over v's backward copy, which ends one step earlier.
 
 and, where the problem has a host link and v may be offloaded (``Node.offloadable``, a
 forward step after its last forward use and a backward step before its first read):
@@ -45,14 +50,15 @@ Constraint families (one ``add_*`` function each):
   the copies beside it (one copy engine each way);
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
   :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
-  ``inline`` (its readers compute it, so they read u);
+  ``inline`` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
-  :math:`b_k`: what no decision changes) plus, per candidate, the optional intervals
-  :math:`[lf(v)+1, L_v]` present iff :math:`S_v`, :math:`[P_v, L_v]` present iff
-  :math:`R_v` (none for an ``inline`` v), and :math:`[lf(v)+1, X_v]`, :math:`[Y_v, L_v]`
-  present iff :math:`O_v` (the device copy lives until its copy out ends, and again from
-  its copy back on).
+  :math:`b_k`: what no decision changes, a candidate's forward copy to :math:`fe(v)`)
+  plus, per candidate, the optional intervals :math:`[fe(v)+1, L'_v]` present iff
+  :math:`S_v`, :math:`[P_v, L'_v]` present iff :math:`R_v` (none for an ``inline`` v),
+  and :math:`[fe(v)+1, X_v]`, :math:`[Y_v, L'_v]` present iff :math:`O_v` (the device
+  copy lives until its copy out ends, and again from its copy back on), with
+  :math:`L'_v = L_v - T_v`.
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
   restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
@@ -135,6 +141,7 @@ class Model:
     out_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)  # v -> k -> bool
     in_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)
     E: dict[int, cp_model.IntVar] = field(default_factory=dict)  # exposed copy time at step k
+    T: dict[int, cp_model.IntVar] = field(default_factory=dict)  # v's last backward reader takes it over
     capacity: cp_model.IntVar | int = 0
 
     sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
@@ -185,6 +192,8 @@ def add_variables(m: Model) -> None:
         m.R[v] = m.cp.new_bool_var(f"R[{v}]")
         m.P[v] = m.cp.new_int_var(f, last, f"P[{v}]")
         m.L[v] = m.cp.new_int_var(f, last, f"L[{v}]")
+        if p.taken_over.get(v, 0) >= f:
+            m.T[v] = m.cp.new_bool_var(f"T[{v}]")
         outs, ins = transfer_steps(p, v)
         if outs and ins:
             m.O[v] = m.cp.new_bool_var(f"O[{v}]")
@@ -278,12 +287,14 @@ def add_anchor(m: Model) -> None:
 
 def add_last_use(m: Model) -> None:
     """L_v >= max bu(v); L_v >= P_v; R_w => L_u >= P_w for u in deps(w), L_u >= L_w where w
-    is inline."""
+    is inline; T_v => L_v <= to(v)."""
     p = m.problem
     for v in m.L:
         if p.backward_uses[v]:
             m.cp.add(m.L[v] >= max(p.backward_uses[v]))
         m.cp.add(m.L[v] >= m.P[v])
+    for v, taken in m.T.items():
+        m.cp.add(m.L[v] <= p.taken_over[v]).only_enforce_if(taken)
     for w in m.R:
         read_until = m.L[w] if p.nodes[w].inline else m.P[w]
         for u in _candidate_deps(m, w):
@@ -321,8 +332,8 @@ def add_transfers(m: Model) -> None:
 
 
 def add_memory(m: Model, *, minimize_peak: bool) -> None:
-    """cumulative(baseline b_k, [lf(v)+1, L_v] if S_v, [P_v, L_v] if R_v,
-    [lf(v)+1, X_v] and [Y_v, L_v] if O_v) <= floor(B/q)."""
+    """cumulative(baseline b_k, [fe(v)+1, L_v'] if S_v, [P_v, L_v'] if R_v,
+    [fe(v)+1, X_v] and [Y_v, L_v'] if O_v) <= floor(B/q), with L_v' = L_v - T_v."""
     p = m.problem
     scale = p.scale
     base = baseline(p)
@@ -336,12 +347,16 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         size = scale.mem(p.nodes[v].size)
         if size == 0:
             continue
-        start = p.last_forward_use[v] + 1
-        end = m.L[v] + 1
+        start = p.forward_end(v) + 1
+        end: cp_model.LinearExprT = m.L[v] + 1
+        if v in m.T:  # an interval's end must be one variable (affine)
+            end = m.cp.new_int_var(p.n_forward, p.last_step + 1, f"end[{v}]")
+            m.cp.add(end == m.L[v] + 1 - m.T[v])
+        shortest = 0 if v in m.T else 1  # recomputed right before the reader that takes it over
         intervals.append(m.cp.new_optional_interval_var(start, end - start, end, m.S[v], f"Save[{v}]"))
         demands.append(size)
         if not p.nodes[v].inline:
-            length = m.cp.new_int_var(1, p.last_step - p.n_forward + 1, f"len[{v}]")
+            length = m.cp.new_int_var(shortest, p.last_step - p.n_forward + 1, f"len[{v}]")
             intervals.append(
                 m.cp.new_optional_interval_var(m.P[v], length, end, m.R[v], f"Recompute[{v}]")
             )
@@ -349,7 +364,7 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         if v in m.O:
             out_len = m.cp.new_int_var(1, p.n_forward, f"out_len[{v}]")
             intervals.append(m.cp.new_optional_interval_var(start, out_len, m.X[v] + 1, m.O[v], f"Out[{v}]"))
-            in_len = m.cp.new_int_var(1, p.last_step - p.n_forward + 1, f"in_len[{v}]")
+            in_len = m.cp.new_int_var(shortest, p.last_step - p.n_forward + 1, f"in_len[{v}]")
             intervals.append(m.cp.new_optional_interval_var(m.Y[v], in_len, end, m.O[v], f"In[{v}]"))
             demands += [size, size]
     floor = scale.mem(max(base, default=0))
@@ -366,12 +381,12 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
 def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     """Redundant linear rows of the memory constraint, for CP-SAT's LP bound:
 
-    b_k + sum_{v: lf(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= max bu(v)} s_v (R_v + O_v)
-        + sum_{v: k = lf(v)+1} s_v O_v <= floor(B/q)
+    b_k + sum_{v: fe(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= e(v)} s_v (R_v + O_v)
+        + sum_{v: k = fe(v)+1} s_v O_v <= floor(B/q)
 
-    with e(v) = max bu(v), or F for a value only recomputed users read (saved, it lives at
-    least to the backward's first step), and no R_v term for an inline v (its
-    recomputation holds no memory). Each term is live whatever the other decisions,
+    with e(v) = max bu(v) (one less where that op takes v over), or F for a value only
+    recomputed users read (saved, it lives at least to the backward's first step), and
+    no R_v term for an inline v (its recomputation holds no memory). Each term is live whatever the other decisions,
     so the row is implied by the cumulative; the cumulative alone gives CP-SAT no useful
     bound. Rows are added for the steps with the largest save-everything memory first, up
     to ``max_terms`` terms in all.
@@ -385,16 +400,17 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         if size == 0:
             continue
         bu = p.backward_uses[v]
-        for k in range(p.last_forward_use[v] + 1, (max(bu) if bu else p.n_forward) + 1):
+        end = max(bu) - (v in m.T) if bu else p.n_forward  # the taker's step may hold v's result only
+        for k in range(p.forward_end(v) + 1, end + 1):
             rows.setdefault(k, []).append((m.S[v], size))
         if bu:
-            for k in range(min(bu), max(bu) + 1):
+            for k in range(min(bu), end + 1):
                 if not p.nodes[v].inline:
                     rows.setdefault(k, []).append((m.R[v], size))
                 if v in m.O:
                     rows.setdefault(k, []).append((m.O[v], size))
         if v in m.O:
-            rows.setdefault(p.last_forward_use[v] + 1, []).append((m.O[v], size))
+            rows.setdefault(p.forward_end(v) + 1, []).append((m.O[v], size))
     potential = {k: scale.mem(base[k]) + sum(s for _, s in terms) for k, terms in rows.items()}
     used = 0
     for k in sorted(rows, key=lambda k: (-potential[k], k)):
@@ -415,7 +431,7 @@ def baseline(problem: Problem) -> list[int]:
         if node.keep:
             hi = problem.last_step
         elif i in candidates:
-            hi = problem.last_forward_use[i]
+            hi = problem.forward_end(i)
         else:
             hi = problem.fixed_end(i)
         delta[i] += node.size
@@ -595,6 +611,8 @@ def hint(model: Model, plan: Plan) -> None:
         if decision is not None and consumers:
             last[v] = max(consumers)
             model.cp.add_hint(model.L[v], last[v])
+        if v in model.T:
+            model.cp.add_hint(model.T[v], last.get(v) == p.taken_over[v])
 
 
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:

@@ -15,8 +15,9 @@ in :mod:`solvers.cpsat` encodes it):
 * ``keep`` values (the forward's outputs, the gradients) stay until the end of the step;
 * a value whose storage its last reader takes over (``Node.reuses``: Inductor writes an
   elementwise kernel's output into a same-sized input that dies there) ends one step
-  early, so the two do not both count at that step. Only values whose lifetime no
-  decision changes are taken over (:attr:`Problem.taken_over`);
+  early, so the two do not both count at that step: each copy whose last read is that
+  reader's (:attr:`Problem.taken_over`). A saved or offloaded forward copy is a forward
+  output, which is never overwritten;
 * in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
   ops that read it compute it themselves (Inductor inlines a cheap elementwise value
   into each elementwise reader), so the values it reads are read at each of its reads.
@@ -168,18 +169,20 @@ class Problem:
 
     @cached_property
     def taken_over(self) -> dict[int, int]:
-        """``u -> v``: value v is written into u's storage, so u lives to step v - 1.
+        """``u -> v``: v is written into u's storage where v is the last read of u's copy,
+        so that copy lives to step v - 1.
 
-        Only where that holds whatever the plan: u is not a candidate (no decision changes
-        who reads it), v is its last reader, and both are ordinary values of a two-phase
-        problem (in a single-phase one any value may be recomputed)."""
+        v must be u's last reader of all, and both ordinary values of a two-phase problem
+        (in a single-phase one any value may be recomputed). A decision may still decide
+        whether v reads a copy last: a candidate saved or offloaded keeps its forward copy
+        past its last forward reader (a forward output is never overwritten), and a
+        recomputation that reads u after v keeps its backward copy."""
         if self.single_phase:
             return {}
-        candidates = set(self.candidates)
         out: dict[int, int] = {}
         for v, n in enumerate(self.nodes):
             u = n.reuses
-            if u is None or u in candidates:
+            if u is None:
                 continue
             src = self.nodes[u]
             if src.resident or src.keep or src.size != n.size or self.users[u][-1] != v:
@@ -188,13 +191,20 @@ class Problem:
         return out
 
     def fixed_end(self, i: int) -> int:
-        """The last step a value lives when no decision changes its readers: its last
+        """The last step a value lives when it has one copy, read by ops only: its last
         reader's step (one before it, where that reader takes its storage over)."""
         v = self.taken_over.get(i)
         if v is not None:
             return v - 1
         users = self.users[i]
         return max(i, users[-1]) if users else i
+
+    def forward_end(self, i: int) -> int:
+        """The last step a forward value's forward copy lives unless it is saved or
+        offloaded: its last forward reader's step, or one before it where that reader takes
+        its storage over."""
+        lf = self.last_forward_use[i]
+        return lf - 1 if self.taken_over.get(i) == lf else lf
 
     @cached_property
     def scale(self) -> Scale:
