@@ -62,3 +62,28 @@ def offload_graph(host_bandwidth: float = 2.0, **kw: float) -> Problem:
         node("ga", 1, 7, size=1, backward=True, keep=True),  # 8
         host_bandwidth=host_bandwidth,
     )
+
+
+def forward_takeover() -> Problem:
+    """#1 y is written over #0 x, its only reader (``reuses``): x's forward copy ends at
+    step 0 unless x is kept for a recomputation of y."""
+    return P(
+        node("x", size=2, time=1.0),  # 0
+        node("y", 0, size=2, time=1.0, reuses=0),  # 1
+        node("loss", 1, size=1, keep=True),  # 2
+        node("gy", 1, 2, size=1, backward=True, keep=True),  # 3
+    )
+
+
+def backward_takeover(host_bandwidth: float = 0.0) -> Problem:
+    """#4 g2 is written over #0 x, its last reader. #1 w is read by #5 g3, after g2: a
+    recomputation of w reads x after g2, which then does not take x's copy over."""
+    return P(
+        node("x", size=2, time=1.0),  # 0
+        node("w", 0, size=1, time=1.0),  # 1
+        node("loss", 1, size=1, keep=True, time=3.0),  # 2
+        node("g1", 2, size=2, backward=True, time=3.0),  # 3
+        node("g2", 0, 3, size=2, backward=True, reuses=0),  # 4
+        node("g3", 1, 4, size=1, backward=True, keep=True),  # 5
+        host_bandwidth=host_bandwidth,
+    )

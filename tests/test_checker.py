@@ -12,7 +12,7 @@ import pytest
 
 from solvers import Decision, Plan, PlanError, Problem, Step, Transfer, check, plan_from_decisions
 from solvers.problem import ProblemError, node
-from tests.graphs import P, chain, deep, diamond, offload_graph
+from tests.graphs import P, backward_takeover, chain, deep, diamond, forward_takeover, offload_graph
 
 S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 
@@ -84,8 +84,8 @@ def test_in_place_reader_takes_a_dying_input_over() -> None:
     assert run(plain, {1: S}).timeline == (0, 2, 3, 7, 11, 9, 10)
 
 
-def test_a_value_with_a_decision_is_never_taken_over() -> None:
-    # x may be recomputed (new readers in the backward): the mark on y is ignored.
+def test_a_value_read_after_its_in_place_reader_is_not_taken_over() -> None:
+    # gx reads x after y: the mark on y is ignored.
     p = P(
         node("x", size=2),  # 0
         node("y", 0, size=2, reuses=0),  # 1
@@ -93,6 +93,37 @@ def test_a_value_with_a_decision_is_never_taken_over() -> None:
         node("gx", 0, 2, size=1, backward=True, keep=True),  # 3
     )
     assert 0 in p.candidates and p.taken_over == {}
+
+
+def test_a_forward_copy_is_taken_over_unless_kept_for_the_backward() -> None:
+    # y is written over x. y saved: x [0,0], y [1,3], loss [2,3], gy [3,3]. y recomputed
+    # needs x saved, and a saved copy is a forward output, never overwritten: x [0,3],
+    # y [1,2] and again [3,3].
+    p = forward_takeover()
+    assert 0 in p.candidates and p.taken_over == {0: 1}
+    assert run(p, {1: S}).timeline == (2, 2, 3, 4)
+    assert run(p, {0: S, 1: R}).timeline == (2, 4, 5, 6)
+
+
+def test_a_backward_copy_is_taken_over_by_its_last_reader() -> None:
+    # g2 (step 4) is written over x. x and w saved: x [0,3] -> 2,3,4,6,6,5. x recomputed
+    # before step 4: its copy ends before it starts (g2 writes into it), x [0,1] only.
+    # w recomputed before step 5 reads x after g2: x [0,5] -> step 4 is 7.
+    p = backward_takeover()
+    assert p.taken_over == {0: 4}
+    assert run(p, {0: S, 1: S}).timeline == (2, 3, 4, 6, 6, 5)
+    assert run(p, {0: R, 1: S}).timeline == (2, 3, 2, 4, 6, 5)
+    assert run(p, {0: S, 1: R}).timeline == (2, 3, 4, 5, 7, 7)
+    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    assert run(plain, {0: S, 1: S}).timeline == (2, 3, 4, 6, 8, 5)
+
+
+def test_an_offloaded_copy_back_is_taken_over() -> None:
+    # x copied out beside step 2 (its device copy [0,2]) and back beside step 3 ([3,3],
+    # not [3,4]: g2 writes over it).
+    p = backward_takeover(host_bandwidth=1.0)
+    plan = plan_from_decisions(p, {0: OFF, 1: S}, {0: (2, 3)})
+    assert check(p, plan).timeline == (2, 3, 4, 6, 6, 5)
 
 
 def test_inline_recomputation_holds_no_memory_and_reads_at_its_reads() -> None:

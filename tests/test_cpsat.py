@@ -38,7 +38,7 @@ from solvers import (
 )
 from solvers.plan import rematerialize_anchors
 from solvers.problem import chain_problem, node
-from tests.graphs import P, chain, deep, diamond, offload_graph
+from tests.graphs import P, backward_takeover, chain, deep, diamond, forward_takeover, offload_graph
 
 S, R, O = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD  # noqa: E741  (as in the math)
 CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
@@ -198,6 +198,9 @@ HAND: dict[str, Problem] = {
     "offload_slow": offload_graph(host_bandwidth=0.5),  # copies cost more than recompute
     "offload_costly": offload_graph(host_bandwidth=1.0, a_time=6.0),  # both cost: compare
     "dropout_offload": P(*dropout().nodes, host_bandwidth=2.0),  # a mask may be offloaded
+    "forward_takeover": forward_takeover(),  # an in-place reader in the forward
+    "backward_takeover": backward_takeover(),  # ... in the backward, unless read later
+    "backward_takeover_offload": backward_takeover(host_bandwidth=1.0),
 }
 HAND_OUTCOMES = {name: brute_force(p) for name, p in HAND.items()}
 HAND_CASES = [(name, b) for name, o in HAND_OUTCOMES.items() for b in interesting_budgets(o)]

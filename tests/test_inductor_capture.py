@@ -296,3 +296,60 @@ def test_cheap_values_read_several_times_are_inlined_when_recomputed(both: tuple
                    for u in readers), [u.name for u in readers]
     tanh = [i for i, g in enumerate(fused.groups) if any(_op(n) == "tanh" for n in g)]
     assert tanh and not any(fused.problem.nodes[i].inline for i in tanh)
+
+
+class Head(nn.Module):
+    """A linear layer and cross-entropy: the end of a language model's step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 32)
+        self.register_buffer("target", torch.arange(8) % 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.proj(x), self.target)
+
+
+@pytest.fixture(scope="module")
+def head() -> tuple[Captured, Captured]:
+    gm, kwargs = joint_graph(Head(), torch.randn(8, 16))
+    return captured(gm, kwargs, fuses=False), captured(gm, kwargs, fuses=True)
+
+
+def _value(c: Captured, name: str) -> int:
+    """The value of the FX node ``name`` (both captures share the joint graph's names)."""
+    return c.value_of[next(n for n in c.value_of if n.name == name)]
+
+
+def test_log_softmax_reads_the_logits_and_is_written_over_them(head: tuple[Captured, Captured]) -> None:
+    """The logits minus their maximum, read by the exp-sum and by the log-softmax, is a
+    value of its own without Inductor; with it, each reader computes its own copy (none is
+    stored), so the log-softmax reads the logits directly and takes their storage over,
+    so that the forward never holds two logits-sized buffers at once."""
+    plain, fused = head
+    assert any(_op(g[0]) == "sub" and not plain.problem.nodes[i].backward for i, g in enumerate(plain.groups))
+    logits, log_softmax = _value(fused, "addmm"), _value(fused, "sub_1")
+    subs = [n for g in fused.groups for n in g if _op(n) == "sub" and logits in
+            {fused.value_of[a] for a in n.all_input_nodes}]
+    assert len(subs) == 2 and all(fused.groups[fused.value_of[n]][0] is not n for n in subs)
+    assert fused.problem.taken_over[logits] == log_softmax
+    fwd = fused.problem.n_forward
+    plain_fwd = max(check(plain.problem, plan_with(plain.problem, set())).timeline[:plain.problem.n_forward])
+    fused_fwd = max(check(fused.problem, plan_with(fused.problem, set())).timeline[:fwd])
+    logits_bytes = fused.problem.nodes[logits].size
+    assert fused_fwd < 2 * logits_bytes <= plain_fwd
+
+
+def test_backward_values_inductor_inlines_hold_no_memory(head: tuple[Captured, Captured]) -> None:
+    """The cross-entropy backward's one_hot * grad is read by a sum and by the
+    log-softmax backward, which both compute it: it holds no memory, and its readers read
+    what it reads."""
+    plain, fused = head
+    # "mul" is one_hot * grad in this graph (its readers: "sum_4" and "sub_2").
+    assert plain.problem.nodes[_value(plain, "mul")].size == 8 * 32 * 4
+    i = _value(fused, "mul")
+    node = fused.problem.nodes[i]
+    assert node.backward and node.size == 0 and not node.inline
+    assert {fused.groups[u][0].name for u in fused.problem.users[i]} == {"sum_4", "sub_2"}
+    for u in fused.problem.users[i]:
+        assert set(node.deps) <= set(fused.problem.nodes[u].deps)
