@@ -188,8 +188,9 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
             with joint.graph.inserting_before(u):
                 copy = joint.graph.node_copy(v)
             val = v.meta.get("val")
-            if isinstance(val, torch.Tensor):  # a storage of its own, as the copy will have
-                with val.fake_mode:  # type: ignore[attr-defined]
+            mode = getattr(val, "fake_mode", None)
+            if isinstance(val, torch.Tensor) and mode is not None:  # a storage of its own, as the copy's
+                with mode:
                     copy.meta["val"] = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype,
                                                            device=val.device)
             u.replace_input_with(v, copy)
