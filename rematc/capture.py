@@ -70,8 +70,7 @@ def capture(
     # reads it: the tuple itself cannot cross into the backward, its elements can.
     fwd |= {n for n in nodes if n.target is operator.getitem and n.args[0] in fwd}
     forward = frozenset(fwd)
-    fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
-    kept = {o for o in (*fwd_outputs, *bwd_outputs) if isinstance(o, fx.Node)}
+    kept = step_outputs(joint, num_fwd_outputs)
 
     by_name = {n.name: n for n in nodes}
     owner = {n: by_name[costs[n].owner] for n in nodes if _has_storage(costs[n])}
@@ -113,6 +112,7 @@ def capture(
 
     group_deps = [frozenset().union(*(value_deps(n) for n in g)) - {i} for i, g in enumerate(groups)]
     inline = inline_values(groups, group_deps, forward, costs, kept, extern) if inductor else set()
+    unstored = {i for i in inline if groups[i][0] not in forward}  # inlined backward values
     problem_nodes: list[Node] = []
     for i, group in enumerate(groups):
         head = group[0]
@@ -122,9 +122,7 @@ def capture(
         # and each reader reads what it reads, so those live until its last reader. That
         # is exact here, as no decision changes a backward value; for forward values the
         # solvers apply the rule to recomputations only (``Node.inline``).
-        deps |= {d for j in deps if j in inline and groups[j][0] not in forward
-                 for d in problem_nodes[j].deps}
-        folded_away = i in inline and head not in forward
+        deps |= {d for j in deps & unstored for d in problem_nodes[j].deps}
         # An inlined node runs inside the kernel of the op that reads it: no time of its
         # own, and a recomputation of that op recomputes it at no extra pass over memory.
         own = [n for n in group if n not in inlined]
@@ -136,20 +134,26 @@ def capture(
                 backward=head not in forward,
                 # An op's workspace lives while it runs: counted with its value, which is
                 # an overcount for the steps its outputs outlive it.
-                size=0 if folded_away else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
+                size=0 if i in unstored else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
                 time=sum(costs[n].recompute_time for n in own),
                 flops=sum(costs[n].flops for n in own),
                 recomputable=_recomputable(group, costs),
                 offloadable=_offloadable(group, costs),
                 resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
-                inline=i in inline and not folded_away,
+                inline=i in inline - unstored,
             )
         )
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
     if inductor:
         problem = with_inplace_reuse(problem, groups, value_of, costs)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward)
+
+
+def step_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
+    """The nodes the joint graph returns: the forward's outputs and the gradients."""
+    fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    return {o for o in (*fwd_outputs, *bwd_outputs) if isinstance(o, fx.Node)}
 
 
 def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], *,
@@ -173,8 +177,7 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     sigmoid or tanh, and every reader an elementwise or reduction op of the forward that
     Inductor does not make an extern kernel."""
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
-    fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
-    kept = {o for o in (*fwd_outputs, *bwd_outputs) if isinstance(o, fx.Node)}
+    kept = step_outputs(joint, num_fwd_outputs)
     extern = frozenset(addmm_pairs(joint).values())
     copies = 0
     for v in list(joint.graph.nodes):

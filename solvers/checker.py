@@ -175,9 +175,10 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         if i in moves:  # the device copy lives until its copy to the host has run
             last[0] = max(last[0], moves[i].offload_at)
         taker = problem.taken_over.get(i)
-        for j, r in enumerate(last_read):
-            if taker is not None and r == (taker, 1, 0) and last[j] == taker:
-                last[j] = taker - 1  # the last reader writes its result over this copy
+        if taker is not None:
+            for j, r in enumerate(last_read):
+                if r == (taker, 1, 0) and last[j] == taker:
+                    last[j] = taker - 1  # the last reader writes its result over this copy
         out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
                   if key != inline.get(i) and start <= hi]
     return out
