@@ -172,6 +172,13 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     decision the plan can make (a reader saved or recomputed carries its copy), which is
     what Inductor would do with it unsaved.
 
+    Only values whose inputs hold no more bytes than they do (up to ``SPLIT_SLACK``):
+    the copies keep those inputs alive to the last reader in its place, and a plan that
+    keeps the value, say as a checkpoint, must then keep them instead. A residual
+    stream's sum of two streams would cost a checkpoint twice its bytes, where Inductor
+    stores the sum once it is saved (a forward output); the GPT-2 benchmark's least
+    feasible peak rose by about 80 MiB that way.
+
     The conditions are :func:`inline_values`'s, on the FX node: elementwise, not random,
     no output or forced save, at most ``REALIZE_READS`` inputs, on the CPU no exp, log,
     sigmoid or tanh, and every reader an elementwise or reduction op of the forward that
@@ -179,13 +186,15 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     kept = step_outputs(joint, num_fwd_outputs)
     extern = frozenset(addmm_pairs(joint).values())
+    by_name = {n.name: n for n in joint.graph.nodes}
     copies = 0
     for v in list(joint.graph.nodes):
         readers = list(v.users)
         if (v not in info.required_fw_nodes or len(readers) < 2 or v not in costs
                 or costs[v].owner != v.name or costs[v].is_view or len(v.all_input_nodes) > REALIZE_READS
                 or not _inlinable([v], costs, kept, extern)
-                or not all(u in info.required_fw_nodes for u in readers)):
+                or not all(u in info.required_fw_nodes for u in readers)
+                or _input_bytes(v, costs, by_name) > costs[v].nbytes * (1 + SPLIT_SLACK)):
             continue
         for u in readers[1:]:
             with joint.graph.inserting_before(u):
@@ -203,6 +212,15 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     if copies:
         joint.recompile()
     return copies
+
+
+SPLIT_SLACK = 1 / 16  # a row statistic or a mask read beside a full-size input
+
+
+def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, fx.Node]) -> int:
+    """Bytes of the storages ``v`` reads, graph inputs left out (they stay live anyway)."""
+    owners = {by_name[costs[a].owner] for a in v.all_input_nodes if a in costs and costs[a].owner in by_name}
+    return sum(costs[o].nbytes for o in owners if o.op != "placeholder" and o in costs)
 
 
 def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],

@@ -12,7 +12,9 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
   back runs beside (``Transfer.reload_at``) to its last backward consumer;
 * a backward value: from its step to its last use (the end if ``keep``);
 * a copy whose last read is by the op that takes the value's storage over
-  (``Problem.taken_over``) ends one step before that op.
+  (``Problem.taken_over``), or by that op's recomputation, ends one step before that
+  read: a recomputed softmax writes over its recomputed scores as the op did in the
+  forward, so a chain recomputed before one step holds one buffer, not one per value.
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
@@ -148,11 +150,13 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     # An inline recomputation reads its deps at each read it serves (every later read: it
     # is the value's last copy). Readers come after what they read, so going down the
     # values, each one's reads are complete before they pass to its deps.
+    served_at: dict[int, set[int]] = {}  # value -> steps an inline recomputation reads it at
     for v in sorted(inline, reverse=True):
         served = [r for r in [*((u, 1, 0) for u in problem.users[v]), *recompute_reads.get(v, ())]
                   if r > inline[v]]
         for d in set(problem.nodes[v].deps):
             recompute_reads.setdefault(d, []).extend(served)
+            served_at.setdefault(d, set()).update(r[0] for r in served)
     out: dict[int, list[tuple[int, int]]] = {}
     for i, node in enumerate(problem.nodes):
         if node.resident or node.size == 0:
@@ -177,8 +181,12 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         taker = problem.taken_over.get(i)
         if taker is not None:
             for j, r in enumerate(last_read):
-                if r == (taker, 1, 0) and last[j] == taker:
-                    last[j] = taker - 1  # the last reader writes its result over this copy
+                # The last reader, the taker's op or its recomputation, writes its result
+                # over this copy; not where an inline recomputation reads the copy at the
+                # same step (it runs inside an op there, in an order steps do not resolve).
+                if r is not None and last[j] == r[0] and (r == (taker, 1, 0) or (
+                        r[1] == 0 and plan.schedule[r[2]].node == taker and r[0] not in served_at.get(i, ()))):
+                    last[j] = r[0] - 1
         out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
                   if key != inline.get(i) and start <= hi]
     return out

@@ -23,7 +23,10 @@ Variables, for :math:`v \in C`:
 * :math:`Q_{v,w} \in [F, N-1]`, for each candidate forward user w of v: :math:`P_w` if
   :math:`R_w`, else :math:`N-1` (what the anchor's minimum ranges over);
 * :math:`T_v \in \{0,1\}`, where :math:`to(v)` is a backward step: that op is v's last
-  consumer, so it writes over v's backward copy, which ends one step earlier.
+  consumer, so it writes over v's backward copy, which ends one step earlier; where
+  :math:`w = to(v)` is a forward candidate that may be recomputed (not ``inline``): w's
+  recomputation is v's last consumer and writes over v's backward copy (a recomputed
+  softmax over its recomputed scores), which ends before :math:`P_w`.
 
 and, where the problem has a host link and v may be offloaded (``Node.offloadable``, a
 forward step after its last forward use and a backward step before its first read):
@@ -50,7 +53,9 @@ Constraint families (one ``add_*`` function each):
   the copies beside it (one copy engine each way);
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
   :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
-  ``inline`` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`;
+  ``inline`` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`
+  for a backward :math:`to(v)`, else :math:`T_v \Rightarrow R_w \land L_v \le P_w` with
+  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's inline readers r;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes, a candidate's forward copy to :math:`fe(v)`)
@@ -187,12 +192,13 @@ def objective(m: Model) -> cp_model.LinearExprT:
 def add_variables(m: Model) -> None:
     p = m.problem
     f, last = p.n_forward, p.last_step
+    candidates = set(p.candidates)
     for v in p.candidates:
         m.S[v] = m.cp.new_bool_var(f"S[{v}]")
         m.R[v] = m.cp.new_bool_var(f"R[{v}]")
         m.P[v] = m.cp.new_int_var(f, last, f"P[{v}]")
         m.L[v] = m.cp.new_int_var(f, last, f"L[{v}]")
-        if p.taken_over.get(v, 0) >= f:
+        if p.taken_over.get(v, 0) >= f or _recomputed_taker(p, v, candidates) is not None:
             m.T[v] = m.cp.new_bool_var(f"T[{v}]")
         outs, ins = transfer_steps(p, v)
         if outs and ins:
@@ -287,14 +293,26 @@ def add_anchor(m: Model) -> None:
 
 def add_last_use(m: Model) -> None:
     """L_v >= max bu(v); L_v >= P_v; R_w => L_u >= P_w for u in deps(w), L_u >= L_w where w
-    is inline; T_v => L_v <= to(v)."""
+    is inline; T_v => L_v <= to(v) for a backward taker; for a forward one w = to(v),
+    T_v => R_w, L_v <= P_w and, for its inline readers r, R_r => L_r < P_w (w's
+    recomputation reads v last, alone at its step)."""
     p = m.problem
     for v in m.L:
         if p.backward_uses[v]:
             m.cp.add(m.L[v] >= max(p.backward_uses[v]))
         m.cp.add(m.L[v] >= m.P[v])
     for v, taken in m.T.items():
-        m.cp.add(m.L[v] <= p.taken_over[v]).only_enforce_if(taken)
+        w = p.taken_over[v]
+        if w >= p.n_forward:
+            m.cp.add(m.L[v] <= w).only_enforce_if(taken)
+            continue
+        # w is v's last reader of all, so no backward op reads v: w's recomputation is
+        # the last read when it is the latest, and no inline reader reads v at its step.
+        m.cp.add_implication(taken, m.R[w])
+        m.cp.add(m.L[v] <= m.P[w]).only_enforce_if(taken)
+        for r in p.forward_users[v]:
+            if r != w and r in m.R and p.nodes[r].inline:
+                m.cp.add(m.L[r] < m.P[w]).only_enforce_if([taken, m.R[r]])
     for w in m.R:
         read_until = m.L[w] if p.nodes[w].inline else m.P[w]
         for u in _candidate_deps(m, w):
@@ -385,7 +403,8 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         + sum_{v: k = fe(v)+1} s_v O_v <= floor(B/q)
 
     with e(v) = max bu(v) (one less where that op takes v over), or F for a value only
-    recomputed users read (saved, it lives at least to the backward's first step), and
+    recomputed users read (saved, it lives at least to the backward's first step; F - 1
+    where a recomputation may take it over there), and
     no R_v term for an inline v (its recomputation holds no memory). Each term is live whatever the other decisions,
     so the row is implied by the cumulative; the cumulative alone gives CP-SAT no useful
     bound. Rows are added for the steps with the largest save-everything memory first, up
@@ -400,7 +419,10 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         if size == 0:
             continue
         bu = p.backward_uses[v]
-        end = max(bu) - (v in m.T) if bu else p.n_forward  # the taker's step may hold v's result only
+        # A backward taker's step may hold its result only; a value with a recomputed
+        # taker has no backward reads, and that recomputation may run before step F.
+        backward_taker = v in m.T and p.taken_over[v] >= p.n_forward
+        end = max(bu) - backward_taker if bu else p.n_forward - (v in m.T)
         for k in range(p.forward_end(v) + 1, end + 1):
             rows.setdefault(k, []).append((m.S[v], size))
         if bu:
@@ -612,7 +634,24 @@ def hint(model: Model, plan: Plan) -> None:
             last[v] = max(consumers)
             model.cp.add_hint(model.L[v], last[v])
         if v in model.T:
-            model.cp.add_hint(model.T[v], last.get(v) == p.taken_over[v])
+            w = p.taken_over[v]
+            if w >= p.n_forward:
+                model.cp.add_hint(model.T[v], last.get(v) == w)
+            else:  # read last by w's recomputation (no backward op reads v), alone at its step
+                alone = all(last.get(r, -1) < anchor.get(w, -1) for r in p.forward_users[v]
+                            if r != w and p.nodes[r].inline and plan.decisions.get(r) is Decision.RECOMPUTE)
+                model.cp.add_hint(model.T[v], plan.decisions.get(w) is Decision.RECOMPUTE
+                                  and last.get(v) == anchor[w] and alone)
+
+
+def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
+    """The forward op that takes v's storage over, where its recomputation may too: a
+    candidate that may be recomputed and holds a copy (not ``inline``)."""
+    w = p.taken_over.get(v)
+    if w is None or w >= p.n_forward or w not in candidates:
+        return None
+    node = p.nodes[w]
+    return w if node.recomputable and not node.inline else None
 
 
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:

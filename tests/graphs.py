@@ -75,6 +75,34 @@ def forward_takeover() -> Problem:
     )
 
 
+def recomputed_takeover() -> Problem:
+    """#2 y is written over #0 x, its last reader; #1 z reads x too and is read first in
+    the backward (#4 g): a recomputed x is recomputed for z and held until y's
+    recomputation takes it over."""
+    return P(
+        node("x", size=2, time=1.0),  # 0
+        node("z", 0, size=1, time=1.0),  # 1
+        node("y", 0, size=2, time=1.0, reuses=0),  # 2
+        node("loss", 1, 2, size=1, keep=True),  # 3
+        node("g", 1, 3, size=1, backward=True),  # 4
+        node("gy", 2, 4, size=1, backward=True, keep=True),  # 5
+    )
+
+
+def inline_beside_taker() -> Problem:
+    """#3 y is written over #0 x, its last reader; #1 m, inline, reads x too, and #2 z
+    reads m: recomputed before the same step as y, z computes m inside it and so reads x
+    there, which keeps x's copy through that step."""
+    return P(
+        node("x", size=2, time=1.0),  # 0
+        node("m", 0, size=1, time=1.0, inline=True),  # 1
+        node("z", 1, size=1, time=1.0),  # 2
+        node("y", 0, size=2, time=1.0, reuses=0),  # 3
+        node("loss", 2, 3, size=1, keep=True),  # 4
+        node("g", 2, 3, 4, size=1, backward=True, keep=True),  # 5
+    )
+
+
 def backward_takeover(host_bandwidth: float = 0.0) -> Problem:
     """#4 g2 is written over #0 x, its last reader. #1 w is read by #5 g3, after g2: a
     recomputation of w reads x after g2, which then does not take x's copy over."""

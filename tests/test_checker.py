@@ -12,7 +12,17 @@ import pytest
 
 from solvers import Decision, Plan, PlanError, Problem, Step, Transfer, check, plan_from_decisions
 from solvers.problem import ProblemError, node
-from tests.graphs import P, backward_takeover, chain, deep, diamond, forward_takeover, offload_graph
+from tests.graphs import (
+    P,
+    backward_takeover,
+    chain,
+    deep,
+    diamond,
+    forward_takeover,
+    inline_beside_taker,
+    offload_graph,
+    recomputed_takeover,
+)
 
 S, R, OFF = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD
 
@@ -97,12 +107,41 @@ def test_a_value_read_after_its_in_place_reader_is_not_taken_over() -> None:
 
 def test_a_forward_copy_is_taken_over_unless_kept_for_the_backward() -> None:
     # y is written over x. y saved: x [0,0], y [1,3], loss [2,3], gy [3,3]. y recomputed
-    # needs x saved, and a saved copy is a forward output, never overwritten: x [0,3],
+    # needs x saved, and a saved copy is a forward output, never overwritten in the
+    # forward; y's recomputation, x's last read, writes over it in the backward: x [0,2],
     # y [1,2] and again [3,3].
     p = forward_takeover()
     assert 0 in p.candidates and p.taken_over == {0: 1}
     assert run(p, {1: S}).timeline == (2, 2, 3, 4)
-    assert run(p, {0: S, 1: R}).timeline == (2, 4, 5, 6)
+    assert run(p, {0: S, 1: R}).timeline == (2, 4, 5, 4)
+
+
+def test_a_recomputed_copy_is_taken_over_by_its_readers_recomputation() -> None:
+    # x and y both recomputed before step 3: y's recomputation writes over x's, so the
+    # chain holds one buffer there (x's copy ends before it starts), not two.
+    p = forward_takeover()
+    assert run(p, {0: R, 1: R}).timeline == (2, 2, 3, 4)
+    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    assert run(plain, {0: R, 1: R}).timeline == (2, 4, 3, 6)
+
+
+def test_a_copy_recomputed_early_lives_until_its_takers_recomputation() -> None:
+    # x is recomputed before step 4 (for z, which g reads there) and read last by y's
+    # recomputation before step 5, which writes over it: x [4,4], not [4,5].
+    p = recomputed_takeover()
+    assert p.taken_over == {0: 2}
+    assert run(p, {0: R, 1: R, 2: R}).timeline == (2, 3, 3, 4, 5, 5)
+    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    assert run(plain, {0: R, 1: R, 2: R}).timeline == (2, 3, 5, 4, 5, 7)
+
+
+def test_an_inline_read_at_the_takers_step_keeps_the_copy() -> None:
+    # Everything recomputed before step 5, in the order x, m, z, y: z computes the inline
+    # m and reads x before y does, but inside an op, so x's copy is not taken over:
+    # step 5 holds x, z, y, loss and g = 7.
+    p = inline_beside_taker()
+    assert p.taken_over == {0: 3}
+    assert run(p, {0: R, 1: R, 2: R, 3: R}).timeline == (2, 3, 4, 3, 4, 7)
 
 
 def test_a_backward_copy_is_taken_over_by_its_last_reader() -> None:

@@ -38,7 +38,17 @@ from solvers import (
 )
 from solvers.plan import rematerialize_anchors
 from solvers.problem import chain_problem, node
-from tests.graphs import P, backward_takeover, chain, deep, diamond, forward_takeover, offload_graph
+from tests.graphs import (
+    P,
+    backward_takeover,
+    chain,
+    deep,
+    diamond,
+    forward_takeover,
+    inline_beside_taker,
+    offload_graph,
+    recomputed_takeover,
+)
 
 S, R, O = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD  # noqa: E741  (as in the math)
 CFG = SolverConfig(workers=1, time_limit=30.0)  # one worker: deterministic and quickest on toys
@@ -201,6 +211,8 @@ HAND: dict[str, Problem] = {
     "forward_takeover": forward_takeover(),  # an in-place reader in the forward
     "backward_takeover": backward_takeover(),  # ... in the backward, unless read later
     "backward_takeover_offload": backward_takeover(host_bandwidth=1.0),
+    "recomputed_takeover": recomputed_takeover(),  # ... by the in-place reader's recomputation
+    "inline_beside_taker": inline_beside_taker(),  # ... unless an inline read is at its step
 }
 HAND_OUTCOMES = {name: brute_force(p) for name, p in HAND.items()}
 HAND_CASES = [(name, b) for name, o in HAND_OUTCOMES.items() for b in interesting_budgets(o)]
