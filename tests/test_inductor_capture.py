@@ -353,3 +353,38 @@ def test_backward_values_inductor_inlines_hold_no_memory(head: tuple[Captured, C
     assert {fused.groups[u][0].name for u in fused.problem.users[i]} == {"sum_4", "sub_2"}
     for u in fused.problem.users[i]:
         assert set(node.deps) <= set(fused.problem.nodes[u].deps)
+
+
+class Residual(nn.Module):
+    """A residual stream that is the sum of two projections, read by a layer norm and by
+    the next residual add: a value no backward op reads, read by elementwise and
+    reduction ops only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.a(x) + self.b(x)
+        return (r + self.c(self.norm(r))).square().mean()
+
+
+@pytest.mark.parametrize("slack", [None, math.inf])
+def test_a_sum_of_larger_inputs_stays_one_value(slack: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The residual sum's copies would keep both projections (twice its bytes) alive to
+    its last reader, and a checkpoint of it would cost both: it is one stored value.
+    Without the size rule (infinite slack) each reader would get its own copy."""
+    if slack is not None:
+        monkeypatch.setattr("rematc.capture.SPLIT_SLACK", slack)
+    gm, kwargs = joint_graph(Residual(), torch.randn(8, 16))
+    fused = captured(gm, kwargs, fuses=True)
+    sums = [n for g in fused.groups for n in g
+            if _op(n) == "add" and {_op(a) for a in n.all_input_nodes} <= {"addmm", "view"}
+            and len(n.all_input_nodes) == 2 and not fused.problem.nodes[fused.value_of[n]].backward]
+    if slack is None:
+        assert len(sums) == 1
+        i = fused.value_of[sums[0]]
+        assert fused.groups[i][0] is sums[0] and len(fused.problem.users[i]) >= 2
+    else:
+        assert len(sums) >= 2
