@@ -641,7 +641,7 @@ def hint(model: Model, plan: Plan) -> None:
                 alone = all(last.get(r, -1) < anchor.get(w, -1) for r in p.forward_users[v]
                             if r != w and p.nodes[r].inline and plan.decisions.get(r) is Decision.RECOMPUTE)
                 model.cp.add_hint(model.T[v], plan.decisions.get(w) is Decision.RECOMPUTE
-                                  and last.get(v) == anchor[w] and alone)
+                                  and last.get(v) == anchor.get(w) and alone)
 
 
 def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
