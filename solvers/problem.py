@@ -16,8 +16,9 @@ in :mod:`solvers.cpsat` encodes it):
 * a value whose storage its last reader takes over (``Node.reuses``: Inductor writes an
   elementwise kernel's output into a same-sized input that dies there) ends one step
   early, so the two do not both count at that step: each copy whose last read is that
-  reader's (:attr:`Problem.taken_over`). A saved or offloaded forward copy is a forward
-  output, which is never overwritten;
+  reader's (:attr:`Problem.taken_over`), or that reader's recomputation, where it is a
+  forward op. A saved or offloaded forward copy is a forward output, which is never
+  overwritten in the forward;
 * in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
   ops that read it compute it themselves (Inductor inlines a cheap elementwise value
   into each elementwise reader), so the values it reads are read at each of its reads.
@@ -176,7 +177,9 @@ class Problem:
         (in a single-phase one any value may be recomputed). A decision may still decide
         whether v reads a copy last: a candidate saved or offloaded keeps its forward copy
         past its last forward reader (a forward output is never overwritten), and a
-        recomputation that reads u after v keeps its backward copy."""
+        recomputation that reads u after v keeps its backward copy. Where v is a forward op,
+        v's recomputation reading u's backward copy last takes it over too (the checker's
+        :func:`~solvers.checker.value_intervals`)."""
         if self.single_phase:
             return {}
         out: dict[int, int] = {}
