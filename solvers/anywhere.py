@@ -62,7 +62,9 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from solvers.checker import Report, check, value_intervals
+from solvers import local
+from solvers.checker import check
+from solvers.local import recomputable
 from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -79,7 +81,7 @@ from solvers.sat import (
 
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
 MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
-LOOKAHEAD = 8  # candidates the greedy replays on the checker at each step
+LOCAL_SHARE = 0.15  # of the time limit, for the local search before CP-SAT and again after
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class Model:
     z: dict[tuple[Read, int], cp_model.IntVar] = field(default_factory=dict)
     reads: list[Read] = field(default_factory=list)
     capacity: cp_model.IntVar | int = 0
+    seed: Plan | None = None  # the local search's plan within budget, if it found one
 
     @property
     def tie_break(self) -> int:
@@ -120,15 +123,6 @@ class Model:
 
     def present(self, read: Read) -> cp_model.LinearExprT:
         return 1 if read.step >= 0 else self.R[read.reader, read.copy]
-
-
-def recomputable(problem: Problem) -> list[int]:
-    """Values a recomputation may be worth: recomputable, taking memory, read by something.
-    A value read only at the next step is worth one too, as the input of a recomputed
-    reader (a chain)."""
-    return [v for v, node in enumerate(problem.nodes)
-            if node.recomputable and problem.users[v]
-            and not (node.resident or node.keep or node.size == 0)]
 
 
 def build(problem: Problem, *, copies: int = COPIES, minimize_peak: bool = False) -> Model:
@@ -274,69 +268,15 @@ def extract_plan(m: Model, solver: cp_model.CpSolver) -> Plan:
 def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """Recompute, at the peak step, the value that frees the most bytes there per second
     of recomputation, just before its next read; repeat until the plan fits (at most one
-    recomputation per value). The seed of the exact model; a baseline on its own.
-
-    A value computed before the peak step k and next read after it is freed over k by a
-    recomputation before that read, unless the recomputation's inputs were dead at k:
-    reading them later keeps them alive over k. The bytes freed are the value's size less
-    those inputs'."""
+    recomputation per value; :func:`solvers.local.repair`). A baseline, and where the
+    local search before CP-SAT starts."""
     t0 = time.perf_counter()
-    plan, report = _greedy_plan(problem)
+    steps, report = local.repair(problem, [])
     fits = report.fits
     return SolveResult(status=Status.FEASIBLE if fits else Status.UNKNOWN,
-                       plan=plan if fits else None, report=report if fits else None,
+                       plan=local.as_plan(steps) if fits else None, report=report if fits else None,
                        objective=report.added_time if fits else float("inf"), bound=0.0,
                        wall_time=time.perf_counter() - t0, solver="greedy-anywhere")
-
-
-def _greedy_plan(problem: Problem) -> tuple[Plan, Report]:
-    """The greedy's last plan and its report, within budget or not."""
-    p = problem
-    budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
-    movable = set(recomputable(p))
-    steps: list[Step] = []
-    plan = Plan({})
-    report = check(p, plan)
-    while report.peak > budget and movable:
-        k = report.peak_step
-        spans = value_intervals(p, plan)
-        live = {v for v, ss in spans.items() if any(lo <= k <= hi for lo, hi in ss)}
-        reads = _read_steps(p, plan)
-        ranked: list[tuple[float, int, int]] = []
-        for v in sorted(movable & live):
-            if v >= k or k in reads[v]:
-                continue
-            later = [t for t in reads[v] if t > k]
-            if not later:
-                continue
-            revived = sum(p.nodes[d].size for d in set(p.nodes[v].deps)
-                          if d not in live and not p.nodes[d].resident)
-            freed = p.nodes[v].size - revived
-            if freed <= 0:
-                continue
-            ranked.append((p.nodes[v].time / freed, v, min(later)))
-        # The estimate ignores the new copy's own bytes at its step and the inputs it
-        # keeps alive elsewhere: replay the best few and take the cheapest that helps.
-        for _, v, before in sorted(ranked)[:LOOKAHEAD]:
-            trial = sorted([*steps, Step(v, before)], key=lambda s: (s.before, s.node))
-            trial_plan = Plan({s.node: Decision.RECOMPUTE for s in trial}, tuple(trial))
-            after = check(p, trial_plan)
-            if after.peak < report.peak or (after.peak == report.peak and after.timeline[k] < report.timeline[k]):
-                movable.discard(v)
-                steps, plan, report = trial, trial_plan, after
-                break
-        else:
-            break
-    return plan, report
-
-
-def _read_steps(problem: Problem, plan: Plan) -> list[set[int]]:
-    """The steps at which each value is read: by ops, and by scheduled recomputations."""
-    out = [set(users) for users in problem.users]
-    for s in plan.schedule:
-        for d in problem.nodes[s.node].deps:
-            out[d].add(s.before)
-    return out
 
 
 def hint(m: Model, plan: Plan) -> None:
@@ -372,15 +312,20 @@ def hint(m: Model, plan: Plan) -> None:
 
 def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
             ) -> tuple[Model, cp_model.CpSolver]:
-    """The model, hinted with the greedy plan, and a configured solver (``config.step_gap``
-    as an absolute gap limit)."""
+    """The model, hinted with the local search's best plan (the greedy's when it found
+    none), and a configured solver (``config.step_gap`` as an absolute gap limit). The
+    local search runs for up to ``LOCAL_SHARE`` of the time limit; CP-SAT gets what is
+    left less the same share again, for :func:`finish`'s polish."""
     t0 = time.perf_counter()
     m = build(problem, copies=copies)
-    start, _ = _greedy_plan(problem)
+    steps, _ = local.repair(problem, [])
+    start = local.as_plan(steps)
+    m.seed = local.improve(problem, start, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
     hint(m, start)  # over budget, it still points the search at the right values
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.
-    solver.parameters.max_time_in_seconds = max(0.1, config.time_limit - (time.perf_counter() - t0))
+    left = config.time_limit * (1 - LOCAL_SHARE) - (time.perf_counter() - t0)
+    solver.parameters.max_time_in_seconds = max(0.1, left)
     if config.step_gap > 0:
         step = problem.scale.time(sum(n.time for n in problem.nodes))
         solver.parameters.absolute_gap_limit = config.step_gap * step * m.tie_break
@@ -388,30 +333,45 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
 
 
 def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.CpSolver,
-           code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False) -> SolveResult:
-    """As :func:`solvers.cpsat.finish`: the checker's verdict on the plan found,
-    :class:`InfeasibleBudgetError` with the smallest feasible budget, or status UNKNOWN."""
-    wall = time.perf_counter() - started
+           code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False,
+           interrupted: bool = False) -> SolveResult:
+    """As :func:`solvers.cpsat.finish`: the checker's verdict on the best plan,
+    :class:`InfeasibleBudgetError` with the smallest feasible budget, or status UNKNOWN.
+
+    The best plan is CP-SAT's or the local search's seed, whichever adds less time; unless
+    CP-SAT proved it optimal or the search was ``interrupted`` (Ctrl-C asks for the best
+    plan now), the local search then starts from it for up to ``LOCAL_SHARE`` of the time
+    limit."""
     stats = search_stats(m.cp, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         low = min_feasible_peak(problem, config, copies=m.copies)
         raise InfeasibleBudgetError(problem.budget, low.report.peak if low.report else None,
                                     proven=low.status is Status.OPTIMAL)
-    bound = objective_seconds(m.tie_break, problem, solver.best_objective_bound)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if code == cp_model.MODEL_INVALID:
-            raise RuntimeError(f"CP-SAT rejected the model: {m.cp.validate()}")
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT rejected the model: {m.cp.validate()}")
+    found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    bound = objective_seconds(m.tie_break, problem, solver.best_objective_bound) if found else 0.0
+    plans = [p for p in (extract_plan(m, solver) if found else None, m.seed) if p is not None]
+    if not plans:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=bound, wall_time=wall, solver="cpsat-anywhere", stats=stats)
-    plan = extract_plan(m, solver)
-    report = check(problem, plan)
-    if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
-        raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
+                           bound=bound, wall_time=time.perf_counter() - started,
+                           solver="cpsat-anywhere", stats=stats)
+    reports = [check(problem, p) for p in plans]
+    if not all(r.fits for r in reports):  # the model and the checker disagree: a bug, never a silent plan
+        raise AssertionError(f"CP-SAT plan peaks at {reports[0].peak} B over budget {problem.budget} B")
+    optimal = found and proven_optimal(code, solver, m.tie_break)
+    plan, report = min(zip(plans, reports, strict=True), key=lambda pr: pr[1].added_time)  # CP-SAT's on a tie
+    if not (optimal or interrupted):
+        better = local.improve(problem, plan, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
+        if better is not None and (after := check(problem, better)).added_time < report.added_time:
+            plan, report = better, after
+            stats["polished"] = 1
     return SolveResult(
-        status=Status.OPTIMAL if proven_optimal(code, solver, m.tie_break) else Status.FEASIBLE,
+        status=Status.OPTIMAL if optimal else Status.FEASIBLE,
         plan=plan, report=report, objective=report.added_time,
-        bound=min(report.added_time, bound), wall_time=wall, solver="cpsat-anywhere", stats=stats,
+        bound=min(report.added_time, bound), wall_time=time.perf_counter() - started,
+        solver="cpsat-anywhere", stats=stats,
     )
 
 

@@ -556,12 +556,14 @@ class StopAtMost(cp_model.CpSolverSolutionCallback):
 
 def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model,
            solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, started: float,
-           stalled: bool = False) -> SolveResult:
+           stalled: bool = False, interrupted: bool = False) -> SolveResult:
     """The result of a finished (or stopped) search: the checker's verdict on its plan,
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
-    infeasible, status UNKNOWN when no plan was found."""
+    infeasible, status UNKNOWN when no plan was found. (``interrupted``: stopped by the
+    user, for :func:`solvers.anywhere.finish`, which then skips its polish.)"""
     if isinstance(model, anywhere.Model):
-        return anywhere.finish(problem, config, model, solver, code, started=started, stalled=stalled)
+        return anywhere.finish(problem, config, model, solver, code, started=started, stalled=stalled,
+                               interrupted=interrupted)
     wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:

@@ -135,7 +135,8 @@ def solve_watched(
     worker.join()
     if errors:
         raise errors[0]
-    result = cpsat.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled)
+    result = cpsat.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled,
+                          interrupted=interrupted)
     return Watched(result, interrupted, model)
 
 
