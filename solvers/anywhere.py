@@ -312,10 +312,13 @@ def hint(m: Model, plan: Plan) -> None:
 
 def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
             ) -> tuple[Model, cp_model.CpSolver]:
-    """The model, hinted with the local search's best plan (the greedy's when it found
-    none), and a configured solver (``config.step_gap`` as an absolute gap limit). The
-    local search runs for up to ``LOCAL_SHARE`` of the time limit; CP-SAT gets what is
-    left less the same share again, for :func:`finish`'s polish."""
+    """The model, hinted with the greedy's plan, and a configured solver
+    (``config.step_gap`` as an absolute gap limit); the local search's best plan, from
+    the same start in up to ``LOCAL_SHARE`` of the time limit, is kept as ``m.seed`` for
+    :func:`finish`. CP-SAT gets what is left less the same share again, for the polish.
+
+    Why not hint the search's plan: CP-SAT then stayed near it (random n500 at 90%: 0.744%
+    after 60 s against 0.701% from the greedy's)."""
     t0 = time.perf_counter()
     m = build(problem, copies=copies)
     steps, _ = local.repair(problem, [])
