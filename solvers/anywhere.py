@@ -320,10 +320,13 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
     Why not hint the search's plan: CP-SAT then stayed near it (random n500 at 90%: 0.744%
     after 60 s against 0.701% from the greedy's)."""
     t0 = time.perf_counter()
-    m = build(problem, copies=copies)
     steps, _ = local.repair(problem, [])
     start = local.as_plan(steps)
-    m.seed = local.improve(problem, start, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
+    # Before the model: its many Python objects slow the search's allocations (n1000 at
+    # 80%: 2.91% found in the same 9 s after the model was built, 2.79% before).
+    seed = local.improve(problem, start, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
+    m = build(problem, copies=copies)
+    m.seed = seed
     hint(m, start)  # over budget, it still points the search at the right values
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.

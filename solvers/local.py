@@ -11,7 +11,9 @@ search (:func:`improve`) starts from a plan within budget, then repeatedly
 2. *recreates* it with the repair, its ranking perturbed at random;
 3. *drops* any recomputation the result can do without, dearest first;
 
-and keeps the result when it fits and costs less. The checker judges every candidate
+and moves to the result when it fits and costs no more than the best plan so far (moving
+along plateaus of equally cheap plans: random n1000 at 80%, 2.81% after 9 s against 2.90%
+when only a cheaper plan is taken). The checker judges every candidate
 (about a millisecond on a 500-node graph), so the search tries hundreds of plans a second.
 
 Why beside CP-SAT: on the random layered graphs of the public benchmark (250-1000 nodes)
@@ -150,14 +152,17 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
     if report.fits:
         steps = drop(problem, steps)
         best = (check(problem, as_plan(steps)).added_time, steps)
+    current = best[1] if best else steps
     idle = 0
     while idle < patience and time.perf_counter() < deadline:
         idle += 1
-        trial, report = repair(problem, ruin(problem, best[1] if best else steps, rng), rng, NOISE)
+        trial, report = repair(problem, ruin(problem, current, rng), rng, NOISE)
         if not report.fits:
             continue
         trial = drop(problem, trial)
         cost = check(problem, as_plan(trial)).added_time
         if best is None or cost < best[0]:
             best, idle = (cost, trial), 0
+        if cost <= best[0]:  # moves on along plans as cheap as the best (a plateau), too
+            current = trial
     return as_plan(best[1]) if best else None
