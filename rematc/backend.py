@@ -82,7 +82,7 @@ def adjacent_reuse(inner_compile: Callable[..., Any]) -> Callable[..., Any]:
     value is freed after its last read, and on a plan tuned to its budget the held buffers
     break it: the 6-layer GPT-2 with explicit attention, planned at 485 MiB, measured 639
     MiB with the pool (three dead MLP-sized buffers held through the last layer's
-    attention backward) and 485 MiB without. Turning the pool off costs time on the CPU:
+    attention backward) and 460 MiB without. Turning the pool off costs time on the CPU:
     every large buffer is then a fresh ``mmap`` from glibc, whose pages fault in on first
     write (the Llama benchmark planned at 80%: 9.69 s a step without the pool, 8.50 s with
     it, 2.25 M against 1.24 M page faults). Reuse by the very next kernel holds nothing
