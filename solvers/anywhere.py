@@ -65,7 +65,7 @@ from ortools.sat.python import cp_model
 from solvers import local
 from solvers.checker import check
 from solvers.local import recomputable
-from solvers.plan import Decision, Plan, Step
+from solvers.plan import Plan, Step
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
@@ -260,9 +260,8 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
 def extract_plan(m: Model, solver: cp_model.CpSolver) -> Plan:
     """Recomputed values and their steps; within a step, in value order (what the model's
     tie rule assumes)."""
-    steps = [Step(v, solver.value(m.P[v, c])) for (v, c), r in m.R.items() if solver.boolean_value(r)]
-    steps.sort(key=lambda s: (s.before, s.node))
-    return Plan({s.node: Decision.RECOMPUTE for s in steps}, tuple(steps))
+    return local.as_plan([Step(v, solver.value(m.P[v, c])) for (v, c), r in m.R.items()
+                          if solver.boolean_value(r)])
 
 
 def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:

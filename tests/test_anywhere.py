@@ -27,6 +27,7 @@ from solvers import (
     Transfer,
     anywhere,
     check,
+    local,
     min_feasible_peak,
     solve,
 )
@@ -54,8 +55,7 @@ def three_reads() -> Problem:
 
 
 def plan_of(*steps: tuple[int, int]) -> Plan:
-    ordered = sorted((Step(v, b) for v, b in steps), key=lambda s: (s.before, s.node))
-    return Plan({s.node: R for s in ordered}, tuple(ordered))
+    return local.as_plan([Step(v, b) for v, b in steps])
 
 
 # ---- the checker on single-phase problems ---------------------------------------------
