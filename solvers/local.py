@@ -75,7 +75,9 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
     A value computed before the peak step k and next read after it is freed over k by a
     recomputation before that read, unless the recomputation's inputs were dead at k:
     reading them later keeps them alive over k. The bytes freed are the value's size less
-    those inputs'. That estimate ignores the new copy's own bytes at its step and the
+    those inputs'. A candidate is the value alone, or with the dead inputs that can be
+    recomputed just before it (:func:`chained`), which then free, not revive, bytes. That
+    estimate ignores the new copy's own bytes at its step and the
     inputs it keeps alive elsewhere, so candidates are replayed on the checker in order of
     seconds per byte freed, and the first that lowers the peak (or the bytes at k) is
     taken. ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
@@ -90,29 +92,56 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
         spans = value_intervals(p, plan)
         live = {v for v, ss in spans.items() if any(lo <= k <= hi for lo, hi in ss)}
         reads = read_steps(p, plan)
-        ranked: list[tuple[float, int, int]] = []
+        ranked: list[tuple[float, int, tuple[int, ...]]] = []
         for v in sorted(free & live):
             later = [t for t in reads[v] if t > k]
             if v >= k or k in reads[v] or not later:
                 continue
-            revived = sum(p.nodes[d].size for d in set(p.nodes[v].deps)
-                          if d not in live and not p.nodes[d].resident)
-            freed = p.nodes[v].size - revived
-            if freed <= 0:
-                continue
-            scale = 1.0 + noise * rng.random() if rng is not None and noise else 1.0
-            ranked.append((p.nodes[v].time / freed * scale, v, min(later)))
-        for _, v, before in sorted(ranked):
-            trial = [*steps, Step(v, before)]
+            for group in {(v,), chained(p, v, live, free)}:
+                time_, freed = cost_of(p, group, live)
+                if freed <= 0:
+                    continue
+                scale = 1.0 + noise * rng.random() if rng is not None and noise else 1.0
+                ranked.append((time_ / freed * scale, min(later), group))
+        for _, before, group in sorted(set(ranked)):
+            trial = [*steps, *(Step(u, before) for u in group)]
             trial_plan = as_plan(trial)
             after = check(p, trial_plan)
             if after.peak < report.peak or (after.peak == report.peak and after.timeline[k] < report.timeline[k]):
-                free.discard(v)
+                free.difference_update(group)
                 steps, plan, report = trial, trial_plan, after
                 break
         else:
             break
     return steps, report
+
+
+def chained(problem: Problem, v: int, live: set[int], free: set[int]) -> tuple[int, ...]:
+    """v with the inputs its recomputation would revive that can be recomputed just before
+    it instead: inputs dead at the peak step whose own inputs are all live there (or that
+    have none). Without this the repair never takes a value whose only input is dead
+    (random n250 at 80%: a free source and its cheap reader, recomputed together, spare
+    850 bytes for 0.008% of the time; the greedy's plan fell from 8.06% to 6.27%). One
+    level only: deeper chains made the search slower and no better (random n1000 at 80%,
+    10 s: 2.84% / 3.01% from two seeds against 3.03% / 3.04% with three levels)."""
+    group = [v]
+    for d in sorted(set(problem.nodes[v].deps)):
+        if d in live or d not in free or problem.nodes[d].resident:
+            continue
+        if all(e in live or problem.nodes[e].resident for e in problem.nodes[d].deps):
+            group.append(d)
+    return tuple(sorted(group))
+
+
+def cost_of(problem: Problem, group: tuple[int, ...], live: set[int]) -> tuple[float, int]:
+    """Seconds a group's recomputations add, and the bytes they free at the peak step: the
+    group's live values less the inputs outside the group they revive (dead there)."""
+    inside = set(group)
+    revived = {d for u in group for d in problem.nodes[u].deps
+               if d not in inside and d not in live and not problem.nodes[d].resident}
+    freed = sum(problem.nodes[u].size for u in group if u in live)
+    return (sum(problem.nodes[u].time for u in group),
+            freed - sum(problem.nodes[d].size for d in revived))
 
 
 def drop(problem: Problem, steps: list[Step]) -> list[Step]:

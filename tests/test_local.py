@@ -68,6 +68,24 @@ def test_improve_returns_none_when_it_finds_nothing_within_budget() -> None:
     assert local.improve(three_reads().with_budget(20), Plan({}), seconds=5.0) is None
 
 
+def dead_input() -> Problem:
+    """x (4 B) is read by y at once and by z at the end, over a 20 B burst; its input s
+    (10 B) is dead by then. Recomputing x alone before z would keep s alive over the
+    burst (25 B there, 35 B with s); recomputing s and x together frees x's 4 B."""
+    return P(node("s", size=10, time=0.5), node("x", 0, size=4), node("y", 1, size=1),
+             node("big", 2, size=20, recomputable=False), node("w", 3, size=1),
+             node("z", 1, 4, size=1))
+
+
+def test_the_repair_recomputes_a_dead_input_with_its_reader() -> None:
+    p = dead_input().with_budget(24)
+    assert not check(p, Plan({})).fits
+    steps, report = local.repair(p, [])
+    assert report.fits and sorted((s.node, s.before) for s in steps) == [(0, 5), (1, 5)]
+    best = min(o.added_time for o in brute_force(p, 2) if o.peak <= 24)
+    assert report.added_time == pytest.approx(best)
+
+
 def test_drop_removes_what_the_plan_fits_without() -> None:
     p = three_reads().with_budget(24)
     plan = plan_of((0, 6), (2, 3))  # recomputing y1 frees nothing that matters here
