@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from solvers import anywhere, cpsat
+from solvers.checker import check
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult
 from solvers.sat import Watch, search
@@ -69,14 +70,18 @@ class _Watcher(Watch):
         super().__init__()
         self._model = model
         self._t0 = t0
-        self.objective: float | None = None
+        # A single-phase model comes with the local search's plan, which the result is
+        # chosen against: the best so far from the start, before CP-SAT's first.
+        seed = model.seed if isinstance(model, anywhere.Model) else None
+        self.objective: float | None = check(model.problem, seed).added_time if seed is not None else None
         self.bound = 0.0
 
     def on_solution_callback(self) -> None:
         objective = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.objective_value)
         bound = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.best_objective_bound)
         with self.lock:
-            self.objective, self.bound = objective, min(bound, objective)
+            best = objective if self.objective is None else min(objective, self.objective)
+            self.objective, self.bound = best, min(bound, best)
         super().on_solution_callback()
 
     def snapshot(self) -> Incumbent:

@@ -320,6 +320,31 @@ def test_stop_event_ends_search_with_a_plan() -> None:
     assert seen and seen[-1].objective is not None and seen[-1].gap is not None
 
 
+def test_progress_shows_the_local_search_plan_before_cp_sat_finds_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a single-phase problem the local search's plan is the incumbent from the start:
+    here CP-SAT is given no time to find any, and the bar still shows the plan returned."""
+    import time
+
+    from ortools.sat.python import cp_model
+
+    from solvers import SolverConfig, progress
+    from solvers.sat import search
+    from tests.test_local import bursts
+
+    def stopped(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig, watch: object) -> int:
+        solver.parameters.max_deterministic_time = 0.0  # no time to find anything
+        time.sleep(0.3)  # a few progress ticks while it "runs"
+        return search(solver, cp, config, watch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(progress, "search", stopped)
+    problem = bursts(8).with_budget(40)
+    seen: list[progress.Incumbent] = []
+    watched = progress.solve_watched(problem, SolverConfig(time_limit=5, workers=1), on_progress=seen.append)
+    assert watched.result.plan is not None and watched.result.stats["cp_status"] == "UNKNOWN"
+    assert seen and seen[0].solutions == 0
+    assert seen[0].objective == pytest.approx(watched.result.objective)
+
+
 # ---- bad input ----------------------------------------------------------------------
 
 
