@@ -77,11 +77,10 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
     recomputation before that read, unless the recomputation's inputs were dead at k:
     reading them later keeps them alive over k. The bytes freed are the value's size less
     those inputs'. A candidate is the value alone, or with the dead inputs that can be
-    recomputed just before it (:func:`chained`), which then free, not revive, bytes. That
-    estimate ignores the new copy's own bytes at its step and the
-    inputs it keeps alive elsewhere, so candidates are replayed on the checker in order of
-    seconds per byte freed, and the first that lowers the peak (or the bytes at k) is
-    taken. ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
+    recomputed just before it (:func:`chained`), which then free bytes, not revive them.
+    That estimate ignores the new copy's own bytes at its step and the inputs it keeps
+    alive elsewhere, so candidates are replayed on the checker in order of seconds per
+    byte freed, and the first that lowers the peak (or the bytes at k) is taken. ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
     p = problem
     budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
     free = set(recomputable(p)) - {s.node for s in steps}
@@ -99,11 +98,11 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
             if v >= k or k in reads[v] or not later:
                 continue
             for group in {(v,), chained(p, v, live, free)}:
-                time_, freed = cost_of(p, group, live)
+                seconds, freed = cost_of(p, group, live)
                 if freed <= 0:
                     continue
                 scale = 1.0 + noise * rng.random() if rng is not None and noise else 1.0
-                ranked.append((time_ / freed * scale, min(later), group))
+                ranked.append((seconds / freed * scale, min(later), group))
         for _, before, group in sorted(set(ranked)):
             trial = [*steps, *(Step(u, before) for u in group)]
             trial_plan = as_plan(trial)

@@ -69,9 +69,10 @@ def test_improve_returns_none_when_it_finds_nothing_within_budget() -> None:
 
 
 def dead_input() -> Problem:
-    """x (4 B) is read by y at once and by z at the end, over a 20 B burst; its input s
-    (10 B) is dead by then. Recomputing x alone before z would keep s alive over the
-    burst (25 B there, 35 B with s); recomputing s and x together frees x's 4 B."""
+    """x (4 B) is read by y at once and by z at the end, over a 20 B burst (25 B live
+    there against a 24 B budget); its input s (10 B) is dead by then. Recomputing x alone
+    before z would keep s alive over the burst instead (31 B); recomputing s and x
+    together frees x's 4 B."""
     return P(node("s", size=10, time=0.5), node("x", 0, size=4), node("y", 1, size=1),
              node("big", 2, size=20, recomputable=False), node("w", 3, size=1),
              node("z", 1, 4, size=1))
