@@ -58,6 +58,7 @@ checker peak is at most the model's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
@@ -309,8 +310,8 @@ def hint(m: Model, plan: Plan) -> None:
         m.cp.add_hint(e, max(start, ends.get((v, c), start)))
 
 
-def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
-            ) -> tuple[Model, cp_model.CpSolver]:
+def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES,
+            on_best: Callable[[float], None] | None = None) -> tuple[Model, cp_model.CpSolver]:
     """The model, hinted with the greedy's plan, and a configured solver
     (``config.step_gap`` as an absolute gap limit); the local search's best plan, from
     the same start in up to ``LOCAL_SHARE`` of the time limit, is kept as ``m.seed`` for
@@ -323,7 +324,8 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES
     start = local.as_plan(steps)
     # Before the model: its many Python objects slow the search's allocations (n1000 at
     # 80%: 2.91% found in the same 9 s after the model was built, 2.79% before).
-    seed = local.improve(problem, start, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
+    seed = local.improve(problem, start, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed,
+                         on_best=on_best)
     m = build(problem, copies=copies)
     m.seed = seed
     hint(m, start)  # over budget, it still points the search at the right values

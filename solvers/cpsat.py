@@ -480,12 +480,14 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
 
 
-def prepare(problem: Problem, config: SolverConfig) -> tuple[Model | anywhere.Model, cp_model.CpSolver]:
+def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[float], None] | None = None
+            ) -> tuple[Model | anywhere.Model, cp_model.CpSolver]:
     """The model, hinted with its :func:`seed` when there is one, and a configured solver
     (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units). A
-    single-phase problem gets :mod:`solvers.anywhere`'s model."""
+    single-phase problem gets :mod:`solvers.anywhere`'s model, whose local search tells
+    ``on_best`` each better plan it finds before the model is built."""
     if problem.single_phase:
-        return anywhere.prepare(problem, config)
+        return anywhere.prepare(problem, config, on_best=on_best)
     t0 = time.perf_counter()
     model = build(problem)
     start = seed(problem, config)

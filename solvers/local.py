@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 from solvers.checker import Report, check, value_intervals
 from solvers.plan import Decision, Plan, Step
@@ -167,9 +168,10 @@ def ruin(problem: Problem, steps: list[Step], rng: random.Random) -> list[Step]:
 
 
 def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
-            patience: int = PATIENCE) -> Plan | None:
+            patience: int = PATIENCE, on_best: Callable[[float], None] | None = None) -> Plan | None:
     """The cheapest plan within budget found from ``start`` (repaired first if it does not
-    fit) in ``seconds``, or after ``patience`` moves in a row found nothing cheaper; None
+    fit) in ``seconds``, or after ``patience`` moves in a row found nothing cheaper
+    (``on_best`` is told each better plan's added seconds, for a progress bar); None
     when no plan within budget was found. Only single recomputations of a value."""
     rng = random.Random(seed)
     deadline = time.perf_counter() + seconds
@@ -181,6 +183,8 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
     if report.fits:
         steps = drop(problem, steps)
         best = (check(problem, as_plan(steps)).added_time, steps)
+        if on_best is not None:
+            on_best(best[0])
     current = best[1] if best else steps
     idle = 0
     while idle < patience and time.perf_counter() < deadline:
@@ -192,6 +196,8 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
         cost = check(problem, as_plan(trial)).added_time
         if best is None or cost < best[0]:
             best, idle = (cost, trial), 0
+            if on_best is not None:
+                on_best(cost)
         if cost <= best[0]:  # moves on along plans as cheap as the best (a plateau), too
             current = trial
     return as_plan(best[1]) if best else None

@@ -6,7 +6,8 @@ run in a worker thread, watched from the calling thread.
 
 * ``on_progress`` is called from the calling thread every ``tick`` seconds and after each
   new incumbent with an :class:`Incumbent` (objective, bound, gap, elapsed time), for a
-  progress bar;
+  progress bar; on a single-phase problem also after each better plan of the local search
+  that runs before CP-SAT's model is built;
 * a ``KeyboardInterrupt`` in the calling thread (Ctrl-C), or setting ``stop``, asks CP-SAT
   to stop (``CpSolver.stop_search``); the best plan found so far is then returned with
   its gap and ``interrupted=True``. CP-SAT's own SIGINT handler is turned off
@@ -103,7 +104,12 @@ def solve_watched(
     """
     restore_sigint()
     t0 = time.perf_counter()
-    model, solver = cpsat.prepare(problem, config)
+
+    def local_best(seconds: float) -> None:  # the local search before CP-SAT (single-phase)
+        if on_progress is not None:
+            on_progress(Incumbent(seconds, 0.0, time.perf_counter() - t0, 0))
+
+    model, solver = cpsat.prepare(problem, config, on_best=local_best)
     watcher = _Watcher(model, t0)
     codes: list[cp_model.CpSolverStatus] = []
     errors: list[BaseException] = []

@@ -345,6 +345,31 @@ def test_progress_shows_the_local_search_plan_before_cp_sat_finds_one(monkeypatc
     assert seen[0].objective == pytest.approx(watched.result.objective)
 
 
+def test_progress_reports_the_local_search_before_cp_sat_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local search runs before CP-SAT's model is built (up to 15% of the time
+    limit); the bar hears of its plans then, not only once CP-SAT runs."""
+    from ortools.sat.python import cp_model
+
+    from solvers import SolverConfig, progress
+    from solvers.sat import search
+    from tests.test_local import bursts
+
+    seen: list[progress.Incumbent] = []
+    before_cp_sat: list[progress.Incumbent] = []
+
+    def recorded(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig, watch: object) -> int:
+        before_cp_sat.extend(seen)
+        return search(solver, cp, config, watch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(progress, "search", recorded)
+    problem = bursts(8).with_budget(40)
+    watched = progress.solve_watched(problem, SolverConfig(time_limit=5, workers=1), on_progress=seen.append)
+    assert before_cp_sat and all(s.objective is not None and s.solutions == 0 for s in before_cp_sat)
+    costs = [s.objective for s in before_cp_sat]
+    assert costs == sorted(costs, reverse=True)  # each a better plan
+    assert watched.result.objective <= costs[-1] + 1e-9
+
+
 # ---- bad input ----------------------------------------------------------------------
 
 
