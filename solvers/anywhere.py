@@ -311,7 +311,7 @@ def hint(m: Model, plan: Plan) -> None:
 
 
 def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES,
-            on_best: Callable[[float], None] | None = None) -> tuple[Model, cp_model.CpSolver]:
+            on_best: Callable[[Plan, float], None] | None = None) -> tuple[Model, cp_model.CpSolver]:
     """The model, hinted with the greedy's plan, and a configured solver
     (``config.step_gap`` as an absolute gap limit); the local search's best plan, from
     the same start in up to ``LOCAL_SHARE`` of the time limit, is kept as ``m.seed`` for

@@ -480,7 +480,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
 
 
-def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[float], None] | None = None
+def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, float], None] | None = None
             ) -> tuple[Model | anywhere.Model, cp_model.CpSolver]:
     """The model, hinted with its :func:`seed` when there is one, and a configured solver
     (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units). A

@@ -168,10 +168,10 @@ def ruin(problem: Problem, steps: list[Step], rng: random.Random) -> list[Step]:
 
 
 def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
-            patience: int = PATIENCE, on_best: Callable[[float], None] | None = None) -> Plan | None:
+            patience: int = PATIENCE, on_best: Callable[[Plan, float], None] | None = None) -> Plan | None:
     """The cheapest plan within budget found from ``start`` (repaired first if it does not
     fit) in ``seconds``, or after ``patience`` moves in a row found nothing cheaper
-    (``on_best`` is told each better plan's added seconds, for a progress bar); None
+    (``on_best`` is told each better plan and its added seconds, for a progress bar); None
     when no plan within budget was found. Only single recomputations of a value."""
     rng = random.Random(seed)
     deadline = time.perf_counter() + seconds
@@ -184,7 +184,7 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
         steps = drop(problem, steps)
         best = (check(problem, as_plan(steps)).added_time, steps)
         if on_best is not None:
-            on_best(best[0])
+            on_best(as_plan(steps), best[0])
     current = best[1] if best else steps
     idle = 0
     while idle < patience and time.perf_counter() < deadline:
@@ -197,7 +197,7 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
         if best is None or cost < best[0]:
             best, idle = (cost, trial), 0
             if on_best is not None:
-                on_best(cost)
+                on_best(as_plan(trial), cost)
         if cost <= best[0]:  # moves on along plans as cheap as the best (a plateau), too
             current = trial
     return as_plan(best[1]) if best else None

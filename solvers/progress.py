@@ -13,7 +13,9 @@ run in a worker thread, watched from the calling thread.
   its gap and ``interrupted=True``. CP-SAT's own SIGINT handler is turned off
   (``catch_sigint_signal``) so that Ctrl-C reaches Python, and Python's handler is
   re-registered first (:func:`restore_sigint`): a CP-SAT solve that did catch SIGINT
-  leaves the signal's disposition at the default, which kills the process.
+  leaves the signal's disposition at the default, which kills the process. On a
+  single-phase problem a Ctrl-C during the local search that runs before the model is
+  built returns that search's best plan the same way (``model`` is then None).
 
 A stop by ``config.stall_time`` (:func:`solvers.sat.search`) is not an interruption: it is
 the search's own limit, like the time limit, and shows as ``result.stats["stopped"]``.
@@ -34,8 +36,9 @@ from ortools.sat.python import cp_model
 
 from solvers import anywhere, cpsat
 from solvers.checker import check
+from solvers.plan import Plan
 from solvers.problem import Problem
-from solvers.result import SolverConfig, SolveResult
+from solvers.result import SolverConfig, SolveResult, Status
 from solvers.sat import Watch, search
 
 
@@ -61,7 +64,7 @@ class Incumbent:
 class Watched:
     result: SolveResult
     interrupted: bool  # stopped by Ctrl-C or ``stop`` before the search finished
-    model: cpsat.Model | anywhere.Model  # the CP-SAT model that was solved (for dumps)
+    model: cpsat.Model | anywhere.Model | None  # the CP-SAT model that was solved (for dumps), if built
 
 
 class _Watcher(Watch):
@@ -104,12 +107,19 @@ def solve_watched(
     """
     restore_sigint()
     t0 = time.perf_counter()
+    first: list[Plan] = []  # the best plan of the local search before CP-SAT (single-phase)
 
-    def local_best(seconds: float) -> None:  # the local search before CP-SAT (single-phase)
+    def local_best(plan: Plan, seconds: float) -> None:
+        first[:] = [plan]
         if on_progress is not None:
             on_progress(Incumbent(seconds, 0.0, time.perf_counter() - t0, 0))
 
-    model, solver = cpsat.prepare(problem, config, on_best=local_best)
+    try:
+        model, solver = cpsat.prepare(problem, config, on_best=local_best)
+    except KeyboardInterrupt:  # during that search: its best plan, as CP-SAT's would be
+        if not first:
+            raise
+        return Watched(local_result(problem, first[0], started=t0), True, None)
     watcher = _Watcher(model, t0)
     codes: list[cp_model.CpSolverStatus] = []
     errors: list[BaseException] = []
@@ -149,6 +159,14 @@ def solve_watched(
     result = cpsat.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled,
                           interrupted=interrupted)
     return Watched(result, interrupted, model)
+
+
+def local_result(problem: Problem, plan: Plan, *, started: float) -> SolveResult:
+    """The local search's plan as the result of a solve stopped before CP-SAT ran."""
+    report = check(problem, plan)
+    return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
+                       bound=0.0, wall_time=time.perf_counter() - started, solver="local-search",
+                       stats={"stopped": "interrupted before CP-SAT"})
 
 
 def restore_sigint() -> None:

@@ -370,6 +370,38 @@ def test_progress_reports_the_local_search_before_cp_sat_starts(monkeypatch: pyt
     assert watched.result.objective <= costs[-1] + 1e-9
 
 
+def test_ctrl_c_during_the_local_search_returns_its_best_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a single-phase problem the local search runs before CP-SAT's model is built; a
+    Ctrl-C there (here: as the model is built) still returns the best plan so far."""
+    from solvers import SolverConfig, anywhere, progress
+    from tests.test_local import bursts
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(anywhere, "build", interrupted)
+    problem = bursts(8).with_budget(40)
+    seen: list[progress.Incumbent] = []
+    watched = progress.solve_watched(problem, SolverConfig(time_limit=5, workers=1), on_progress=seen.append)
+    assert watched.interrupted and watched.model is None
+    result = watched.result
+    assert result.plan is not None and result.report is not None and result.report.fits
+    assert result.objective == pytest.approx(check(problem, result.plan).added_time)
+    assert seen and seen[-1].objective == pytest.approx(result.objective)
+
+
+def test_ctrl_c_before_any_plan_is_still_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
+    from solvers import SolverConfig, local, progress
+    from tests.test_local import bursts
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "improve", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        progress.solve_watched(bursts(8).with_budget(40), SolverConfig(time_limit=5, workers=1))
+
+
 # ---- bad input ----------------------------------------------------------------------
 
 
