@@ -359,16 +359,19 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
         raise RuntimeError(f"CP-SAT rejected the model: {m.cp.validate()}")
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     bound = objective_seconds(m.tie_break, problem, solver.best_objective_bound) if found else 0.0
-    plans = [p for p in (extract_plan(m, solver) if found else None, m.seed) if p is not None]
-    if not plans:
+    sources = [("CP-SAT", extract_plan(m, solver))] if found else []
+    if m.seed is not None:
+        sources.append(("local search", m.seed))
+    if not sources:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
                            bound=bound, wall_time=time.perf_counter() - started,
                            solver="cpsat-anywhere", stats=stats)
-    reports = [check(problem, p) for p in plans]
-    if not all(r.fits for r in reports):  # the model and the checker disagree: a bug, never a silent plan
-        raise AssertionError(f"CP-SAT plan peaks at {reports[0].peak} B over budget {problem.budget} B")
+    judged = [(name, p, check(problem, p)) for name, p in sources]
+    for name, _, r in judged:
+        if not r.fits:  # a solver and the checker disagree: a bug, never a silent plan
+            raise AssertionError(f"{name} plan peaks at {r.peak} B over budget {problem.budget} B")
     optimal = found and proven_optimal(code, solver, m.tie_break)
-    plan, report = min(zip(plans, reports, strict=True), key=lambda pr: pr[1].added_time)  # CP-SAT's on a tie
+    _, plan, report = min(judged, key=lambda j: j[2].added_time)  # CP-SAT's on a tie
     if not (optimal or interrupted):
         better = local.improve(problem, plan, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
         if better is not None and (after := check(problem, better)).added_time < report.added_time:

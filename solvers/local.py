@@ -179,12 +179,13 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
     for s in start.schedule:  # the search keeps one recomputation per value
         first.setdefault(s.node, s)
     steps, report = repair(problem, list(first.values()))
-    best: tuple[float, list[Step]] | None = None
+    best: tuple[float, list[Step], Plan] | None = None
     if report.fits:
         steps = drop(problem, steps)
-        best = (check(problem, as_plan(steps)).added_time, steps)
+        plan = as_plan(steps)
+        best = (check(problem, plan).added_time, steps, plan)
         if on_best is not None:
-            on_best(as_plan(steps), best[0])
+            on_best(plan, best[0])
     current = best[1] if best else steps
     idle = 0
     while idle < patience and time.perf_counter() < deadline:
@@ -193,11 +194,12 @@ def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
         if not report.fits:
             continue
         trial = drop(problem, trial)
-        cost = check(problem, as_plan(trial)).added_time
+        plan = as_plan(trial)
+        cost = check(problem, plan).added_time
         if best is None or cost < best[0]:
-            best, idle = (cost, trial), 0
+            best, idle = (cost, trial, plan), 0
             if on_best is not None:
-                on_best(as_plan(trial), cost)
+                on_best(plan, cost)
         if cost <= best[0]:  # moves on along plans as cheap as the best (a plateau), too
             current = trial
-    return as_plan(best[1]) if best else None
+    return best[2] if best else None

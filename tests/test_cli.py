@@ -370,16 +370,18 @@ def test_progress_reports_the_local_search_before_cp_sat_starts(monkeypatch: pyt
     assert watched.result.objective <= costs[-1] + 1e-9
 
 
+def ctrl_c(*args: object, **kwargs: object) -> None:
+    """Stands in for a function the user interrupts."""
+    raise KeyboardInterrupt
+
+
 def test_ctrl_c_during_the_local_search_returns_its_best_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a single-phase problem the local search runs before CP-SAT's model is built; a
     Ctrl-C there (here: as the model is built) still returns the best plan so far."""
     from solvers import SolverConfig, anywhere, progress
     from tests.test_local import bursts
 
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(anywhere, "build", interrupted)
+    monkeypatch.setattr(anywhere, "build", ctrl_c)
     problem = bursts(8).with_budget(40)
     seen: list[progress.Incumbent] = []
     watched = progress.solve_watched(problem, SolverConfig(time_limit=5, workers=1), on_progress=seen.append)
@@ -394,10 +396,7 @@ def test_ctrl_c_before_any_plan_is_still_an_interruption(monkeypatch: pytest.Mon
     from solvers import SolverConfig, local, progress
     from tests.test_local import bursts
 
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(local, "improve", interrupted)
+    monkeypatch.setattr(local, "improve", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         progress.solve_watched(bursts(8).with_budget(40), SolverConfig(time_limit=5, workers=1))
 
