@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
+from rematc.fusion import keep_plan_order
 from rematc.options import Options
 from rematc.partition import BudgetShare, RematPartitioner
 
@@ -47,7 +48,9 @@ class Backend:
         if self.options.compiler == "inductor":
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-            inner = compile_fx_inner if self.options.budget is None else adjacent_reuse(compile_fx_inner)
+            inner = compile_fx_inner
+            if self.options.budget is not None:
+                inner = keep_plan_order(adjacent_reuse(inner))
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
             return cast(Callable[..., Any], compiled)

@@ -1,0 +1,99 @@
+"""Under a budget Inductor may not fuse two kernels that do not feed each other across an
+extern kernel (``rematc.fusion``): the fused kernel runs where its later half would, and
+the plan's order, and its peak, no longer hold."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch._inductor.virtualized import V
+
+import rematc
+from bench.models import LlamaConfig, make_llama
+from rematc.fusion import KeepPlanOrder, keep_plan_order, spans
+from rematc.memory import profiler_peak
+
+
+def node(*positions: int) -> SimpleNamespace:
+    """A (fused) scheduler node made of the nodes lowered at these positions."""
+    return SimpleNamespace(min_order=min(positions), max_order=max(positions), get_name=lambda: "op")
+
+
+def test_spans_an_extern_kernel_strictly_between_the_two() -> None:
+    externs = [3, 10]
+    assert spans(externs, node(1), node(5))
+    assert spans(externs, node(5), node(1))  # either order
+    assert not spans(externs, node(4), node(9))  # nothing between
+    assert not spans(externs, node(1, 2), node(2, 3))  # touching is not between
+    assert spans(externs, node(1, 2), node(11))
+    assert not spans(externs, node(1, 5), node(4))  # interleaved ranges: no gap
+    assert not spans([], node(1), node(50))
+
+
+class Inner:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def can_fuse_horizontal(self, *args: Any) -> bool:
+        self.calls.append(args)
+        return True
+
+    def can_fuse_vertical(self, *args: Any) -> str:
+        return "inner's"
+
+
+def test_a_horizontal_fusion_across_an_extern_kernel_is_refused() -> None:
+    from torch._inductor.scheduler import ExternKernelSchedulerNode
+
+    extern = object.__new__(ExternKernelSchedulerNode)
+    extern.min_order = extern.max_order = 4
+    scheduler = SimpleNamespace(nodes=[node(1), extern, node(6)])
+    inner = Inner()
+    choices = KeepPlanOrder(inner)
+    assert not choices.can_fuse_horizontal(scheduler, node(1), node(6), 9)
+    assert inner.calls == []
+    assert choices.can_fuse_horizontal(scheduler, node(5), node(6), 9)
+    assert len(inner.calls) == 1  # the rest is Inductor's decision
+    assert choices.can_fuse_vertical(scheduler) == "inner's"
+
+
+def test_the_handler_is_installed_during_the_compile_and_restored_after() -> None:
+    before = V.choices
+    seen: list[Any] = []
+
+    def inner(*args: Any, **kwargs: Any) -> str:
+        seen.append(V.choices)
+        return "compiled"
+
+    assert keep_plan_order(inner)() == "compiled"
+    assert isinstance(seen[0], KeepPlanOrder) and seen[0].inner is before
+    assert V.choices is before
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("lowering failed")
+
+    with pytest.raises(RuntimeError, match="lowering failed"):
+        keep_plan_order(failing)()
+    assert V.choices is before
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("fraction", [0.8, 0.45])
+def test_a_llama_measures_its_prediction(fraction: float) -> None:
+    """The small benchmark Llama: without the rule the step measured 12.5% above the
+    predicted peak at 80% (585,864 B against 520,708 B) and 21% at 45% (370,824 B
+    against 305,668 B); with it, 0.1% and 0.2%."""
+    model, inputs = make_llama(LlamaConfig.small(), batch=8, seed=0)
+    compiled = rematc.compile(model, budget=fraction, compiler="inductor", workers=1)
+    compiled(*inputs).backward()
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: compiled(*inputs).backward())
+    record = rematc.records()[-1]
+    assert record.recomputed
+    assert abs(peak - record.predicted_peak) <= 0.02 * peak, (
+        f"measured {peak} B, predicted {record.predicted_peak} B"
+    )
+    assert torch.isfinite(compiled(*inputs))
