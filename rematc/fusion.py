@@ -23,9 +23,9 @@ step peaked 12-21% above the plan at 80% / 60% / 45% of its unconstrained peak:
 
 The rule: a horizontal fusion is refused when an extern kernel (a matmul, attention,
 convolution: ops that are not fused and allocate their outputs) runs between the two
-kernels in the scheduler's order, the order the graph was lowered in (the plan's, but for
-elementwise values with one reader, which Inductor emits where that reader is lowered:
-the U-Net's overrun at 45% in the README). Fusions between
+kernels in the scheduler's order, the order the graph was lowered in (the plan's; an
+elementwise value with one extern reader is emitted where that reader is lowered, which
+the plan follows too: :func:`rematc.capture.deferred_to_reader`). Fusions between
 neighbouring pointwise and reduction kernels, and every vertical fusion (an op into the
 kernel that reads it), stay. With it the toy Llama measures within 0.3% of the plan at
 all three budgets.

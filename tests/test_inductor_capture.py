@@ -179,6 +179,22 @@ def test_kept_weight_gradient_is_its_own_value(cnn: Captured) -> None:
         assert node.size >= 3 * weight_grad  # outputs plus oneDNN's two weight-sized buffers
 
 
+def test_an_elementwise_value_read_by_an_extern_kernel_runs_after_its_recomputations(cnn: Captured) -> None:
+    """Inductor emits a one-reader elementwise result when its reader, here a convolution
+    backward, is lowered: after the recomputations placed before that reader. So the
+    value sits just before its reader and reads the forward values the reader reads, and
+    a recomputation of them comes before it (``rematc.capture.deferred_to_reader``)."""
+    p = cnn.problem
+    backward_convs = [i for i, n in enumerate(p.nodes) if n.op == "aten.convolution_backward"]
+    assert len(backward_convs) == 2
+    for i in backward_convs:
+        v = i - 1
+        assert p.nodes[v].backward and p.nodes[v].op in ("aten.div", "aten.where")
+        assert p.users[v] == (i,)
+        from_forward = {d for d in p.nodes[i].deps if not p.nodes[d].backward}
+        assert from_forward and from_forward <= set(p.nodes[v].deps)
+
+
 def test_in_place_kernels_take_a_dying_input_over(both: tuple[Captured, Captured]) -> None:
     """An elementwise value that reads a same-sized input last is marked to be written
     over it (Inductor's in-place reuse), and the checker ends that input a step early;
