@@ -87,7 +87,7 @@ def capture(
     deferred: dict[fx.Node, fx.Node] = {}
     if inductor:
         deferred = deferred_to_reader(order, forward, costs, kept)
-        order = _defer(order, deferred)
+        order = _just_in_time(deferred, order)  # each right before its one reader
     owners: list[fx.Node] = [n for n in order if owner.get(n) is n]
     value_of: dict[fx.Node, int] = {n: i for i, n in enumerate(owners)}
     groups: list[list[fx.Node]] = [[o] for o in owners]
@@ -624,20 +624,6 @@ def deferred_to_reader(order: Sequence[fx.Node], forward: frozenset[fx.Node],
         if (u.op == "call_function" and u not in forward and u in costs and not costs[u].is_view
                 and not _fusible_reader(u, costs, ())):
             out[n] = u
-    return out
-
-
-def _defer(order: list[fx.Node], deferred: dict[fx.Node, fx.Node]) -> list[fx.Node]:
-    """``order`` with each deferred value moved to just before its reader."""
-    before: dict[fx.Node, list[fx.Node]] = {}
-    for n, u in deferred.items():
-        before.setdefault(u, []).append(n)
-    out: list[fx.Node] = []
-    for n in order:
-        if n in deferred:
-            continue
-        out.extend(before.get(n, ()))
-        out.append(n)
     return out
 
 

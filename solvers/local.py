@@ -81,7 +81,8 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
     recomputed just before it (:func:`chained`), which then free bytes, not revive them.
     That estimate ignores the new copy's own bytes at its step and the inputs it keeps
     alive elsewhere, so candidates are replayed on the checker in order of seconds per
-    byte freed, and the first that lowers the peak (or the bytes at k) is taken. ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
+    byte freed, and the first that lowers the peak (or the bytes at k) is taken.
+    ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
     p = problem
     budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
     free = set(recomputable(p)) - {s.node for s in steps}
