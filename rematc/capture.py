@@ -156,7 +156,7 @@ def capture(
         )
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
     if inductor:
-        problem = with_inplace_reuse(problem, groups, value_of, costs)
+        problem = with_inplace_reuse(problem, groups, value_of, costs, unstored)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward)
 
 
@@ -234,7 +234,8 @@ def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, 
 
 
 def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
-                       value_of: dict[fx.Node, int], costs: dict[fx.Node, NodeCost]) -> Problem:
+                       value_of: dict[fx.Node, int], costs: dict[fx.Node, NodeCost],
+                       unstored: Collection[int] = ()) -> Problem:
     """``problem`` with ``Node.reuses`` set where Inductor writes a kernel's output over an
     input that dies in that kernel.
 
@@ -245,19 +246,28 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     was counted twice at the peak, 17% over the measured peak. Marked only where
     Inductor does it: the value's owner is a pointwise op that mutates nothing, it reads
     the input's owner directly (through a view the read is not at the write's index),
-    the input is no graph input, and the value is the input's last reader. Whether it
+    the input is no graph input, and the value is the input's last reader. A read through
+    an ``unstored`` value (an elementwise backward value Inductor computes inside its
+    readers) is a direct read: the kernel loads that value's inputs itself. The U-Net's
+    BatchNorm-ReLU backward reads the ReLU's output through the unstored ``threshold_backward``
+    and writes its gradient over it; read only directly, the model had counted both. Whether it
     reads the input's storage last is up to the plan (:attr:`Problem.taken_over`: a
     saved forward copy is not overwritten in the forward, a later recomputation keeps the
     backward's copy). The first such input in value order is the one marked.
     """
+    def direct(v: int) -> set[int]:
+        out = {value_of[a] for n in groups[v] if costs[n].is_pointwise for a in n.all_input_nodes
+               if a in value_of and groups[value_of[a]][0] is a}
+        for d in out & set(unstored):
+            out |= direct(d)
+        return out
+
     nodes = list(problem.nodes)
     for v, group in enumerate(groups):
         head = group[0]
         if head.op != "call_function" or not costs[head].is_pointwise or any(_mutates(n) for n in group):
             continue
-        direct = {value_of[a] for n in group if costs[n].is_pointwise for a in n.all_input_nodes
-                  if a in value_of and groups[value_of[a]][0] is a}
-        for u in sorted(direct - {v}):
+        for u in sorted(direct(v) - {v}):
             src = problem.nodes[u]
             if (src.size == nodes[v].size > 0 and problem.users[u][-1] == v
                     and not src.resident and not src.keep and groups[u][0].op != "placeholder"):

@@ -215,6 +215,40 @@ def test_in_place_kernels_take_a_dying_input_over(both: tuple[Captured, Captured
     assert check(p, everything).peak <= check(unmarked, plan_with(unmarked, set())).peak
 
 
+class BnRelu(nn.Module):
+    """Convolution, BatchNorm, ReLU, twice. In the backward the ReLU's gradient
+    (``threshold_backward``: read by BatchNorm's bias-gradient sum and by its
+    input-gradient kernel) is computed inside both readers and stored nowhere; the
+    input-gradient kernel reads the ReLU's output last, through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).square().mean()
+
+
+def test_a_kernel_takes_over_an_input_it_reads_through_an_unstored_value() -> None:
+    """BatchNorm's input-gradient kernel loads the ReLU's output and the convolution's
+    output itself (the ReLU's gradient and ``x - mean`` are inlined into it), and Inductor
+    writes the kernel's output over one of them; the model did not see those reads and
+    counted both, 32 MiB twice at the full U-Net's peak."""
+    gm, kwargs = joint_graph(BnRelu(), torch.randn(2, 3, 8, 8))
+    c = captured(gm, kwargs, fuses=True)
+    p = c.problem
+    relus = [i for i, g in enumerate(c.groups) if _op(g[0]) == "relu" and not p.nodes[i].backward]
+    assert len(relus) == 2
+    for u in relus:
+        v = p.users[u][-1]  # BatchNorm's input-gradient kernel
+        w = p.nodes[v].reuses  # the ReLU's output or its convolution's, both die there
+        assert p.nodes[v].backward and w is not None and p.taken_over[w] == v
+        assert p.nodes[w].size == p.nodes[u].size
+        assert not any(c.groups[w][0] in n.all_input_nodes for n in c.groups[v])  # not read directly
+        assert any(p.nodes[d].size == 0 and w in p.nodes[d].deps for d in p.nodes[v].deps)
+
+
 class Tied(nn.Module):
     """An embedding whose weight is also the output head: its gradient is the sum of the
     head's matmul and the embedding's scatter, ``add(mm(dlogits^T, h), scatter)``."""
