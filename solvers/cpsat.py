@@ -107,7 +107,7 @@ from ortools.sat.python import cp_model
 
 from solvers import anywhere
 from solvers.baselines import greedy
-from solvers.checker import check
+from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -148,6 +148,7 @@ class Model:
     E: dict[int, cp_model.IntVar] = field(default_factory=dict)  # exposed copy time at step k
     T: dict[int, cp_model.IntVar] = field(default_factory=dict)  # v's last backward reader takes it over
     capacity: cp_model.IntVar | int = 0
+    seed: Plan | None = None  # the plan the search was hinted with, when it fits the budget
 
     sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
 
@@ -493,6 +494,8 @@ def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, 
     start = seed(problem, config)
     if start is not None:
         hint(model, start)
+        if check(problem, start).fits:
+            model.seed = start
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.
     solver.parameters.max_time_in_seconds = max(0.1, config.time_limit - (time.perf_counter() - t0))
@@ -559,9 +562,10 @@ class StopAtMost(cp_model.CpSolverSolutionCallback):
 def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model,
            solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, started: float,
            stalled: bool = False, interrupted: bool = False) -> SolveResult:
-    """The result of a finished (or stopped) search: the checker's verdict on its plan,
+    """The result of a finished (or stopped) search: the checker's verdict on its plan, or
+    on the seed it was hinted with where that adds less time (or the search found none);
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
-    infeasible, status UNKNOWN when no plan was found. (``interrupted``: stopped by the
+    infeasible; status UNKNOWN when there is no plan. (``interrupted``: stopped by the
     user, for :func:`solvers.anywhere.finish`, which then skips its polish.)"""
     if isinstance(model, anywhere.Model):
         return anywhere.finish(problem, config, model, solver, code, started=started, stalled=stalled,
@@ -573,21 +577,31 @@ def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model
         peak = min_feasible_peak(problem, config)
         raise InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
                                     proven=peak.status is Status.OPTIMAL)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if code == cp_model.MODEL_INVALID:
-            raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
+    bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)
+    judged: list[tuple[str, Plan, Report]] = []
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        plan = extract_plan(model, solver)
+        report = check(problem, plan)
+        if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
+            raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
+        judged.append(("cpsat", plan, report))
+    # The search may stop (at the gap limit, the time limit) on a plan dearer than the one
+    # it was hinted with: with several workers, on whichever plan one of them reports
+    # first. The hint is a plan too.
+    if model.seed is not None:
+        judged.append(("seed", model.seed, check(problem, model.seed)))
+    if not judged:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=objective_seconds(model.tie_break, problem, solver.best_objective_bound),
-                           wall_time=wall, solver="cpsat", stats=stats)
-    plan = extract_plan(model, solver)
-    report = check(problem, plan)
-    if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
-        raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
-    proven = proven_optimal(code, solver, model.tie_break)
+                           bound=bound, wall_time=wall, solver="cpsat", stats=stats)
+    source, plan, report = min(judged, key=lambda j: j[2].added_time)  # CP-SAT's on a tie
+    if source == "seed":
+        stats["from_seed"] = 1
+    proven = source == "cpsat" and proven_optimal(code, solver, model.tie_break)
     return SolveResult(
         status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
-        objective=report.added_time,
-        bound=min(report.added_time, objective_seconds(model.tie_break, problem, solver.best_objective_bound)),
+        objective=report.added_time, bound=min(report.added_time, bound),
         wall_time=wall, solver="cpsat", stats=stats,
     )
 

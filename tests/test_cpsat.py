@@ -592,3 +592,23 @@ def test_step_gap_stops_within_that_share_of_the_step(p: Problem, data: st.DataO
     assert loose.objective <= exact.objective + step_gap * step + 1e-6 * max(1.0, step)
     if loose.status is Status.OPTIMAL:
         assert loose.objective == pytest.approx(exact.objective, rel=1e-6, abs=1e-9)
+
+
+def test_a_search_stopped_on_a_dearer_plan_returns_the_seed() -> None:
+    """The search can stop (gap or time limit) on a plan dearer than its hint: on the
+    benchmark U-Net at 80%, CP-SAT's eight workers stopped at the 1% step gap on a plan
+    adding 59 ms in five of six runs, where the greedy seed adds 0.03 ms. The seed is a
+    plan too: the cheaper one is returned."""
+    p = chain().with_budget(save_all(chain()).report.peak)  # everything fits: the seed adds 0
+    model, solver = solvers.cpsat.prepare(p, CFG)
+    assert model.seed is not None and check(p, model.seed).added_time == 0
+    model.cp.add(model.R[next(iter(model.R))] == 1)  # the search must recompute something
+    code = solver.solve(model.cp)
+    result = solvers.cpsat.finish(p, CFG, model, solver, code, started=0.0)
+    assert result.plan == model.seed and result.objective == 0
+    assert result.status is Status.FEASIBLE and result.stats["from_seed"] == 1
+    # No time to find anything: the seed, not "no plan".
+    model, solver = solvers.cpsat.prepare(p, CFG)
+    solver.parameters.max_deterministic_time = 0.0
+    result = solvers.cpsat.finish(p, CFG, model, solver, solver.solve(model.cp), started=0.0)
+    assert result.plan == model.seed and result.status is Status.FEASIBLE
