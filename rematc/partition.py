@@ -52,6 +52,7 @@ from solvers import (
     Plan,
     Problem,
     SolveResult,
+    Status,
     check,
     save_all,
     solve,
@@ -329,21 +330,27 @@ def plan_for(problem: Problem, options: Options) -> Planned:
         return Planned(result, cached=False)
     # The solver is CP-SAT unless replaced (the benchmark's knapsack baseline): name it.
     who = "CP-SAT" if result.solver.startswith("cpsat") else f"the {result.solver or 'solver'}"
+    # A search that ran out of time may find a plan with more; a baseline that found none
+    # (the benchmark's knapsack: status infeasible) will not.
+    timed_out = result.status is Status.UNKNOWN
     fallback = greedy(problem, options.solver)
     if fallback.plan is not None and check(problem, fallback.plan).fits:
         warnings.warn(
-            f"rematc: {who} found no plan in its time limit of {options.solver.time_limit:g} s "
-            f"(status {result.status.value}); using the greedy plan, which fits the budget but "
-            f"may recompute more. Raise the option 'time_limit' for a better plan.",
+            f"rematc: {who} found no plan"
+            + (f" in its time limit of {options.solver.time_limit:g} s" if timed_out else " within the budget")
+            + f" (status {result.status.value}); using the greedy plan, which fits the budget but "
+            + ("may recompute more. Raise the option 'time_limit' for a better plan." if timed_out
+               else "may recompute more."),
             SolverFallbackWarning,
             stacklevel=2,
         )
         return Planned(_with_bound(fallback, result.bound), cached=False)
     raise NoPlanError(
         "solve",
-        f"{who} found no plan within the budget of {problem.budget} B in its time limit of "
-        f"{options.solver.time_limit:g} s (status {result.status.value}), and the greedy "
-        "fallback found none either. Raise the option 'time_limit', or the budget.",
+        f"{who} found no plan within the budget of {problem.budget} B"
+        + (f" in its time limit of {options.solver.time_limit:g} s" if timed_out else "")
+        + f" (status {result.status.value}), and the greedy fallback found none either. "
+        + ("Raise the option 'time_limit', or the budget." if timed_out else "Raise the budget."),
     )
 
 

@@ -81,6 +81,26 @@ def test_time_out_without_any_plan_is_a_clear_error(monkeypatch: pytest.MonkeyPa
     assert "time_limit" in str(err) and "budget" in str(err) and "CP-SAT found no plan" in str(err)
 
 
+def test_a_baseline_without_a_plan_does_not_ask_for_more_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A solver that found no plan within the budget (the benchmark's knapsack baseline:
+    status infeasible) gains nothing from a longer time limit: the error asks for a larger
+    budget only."""
+    budget = _budget(fraction=0.8)
+    monkeypatch.setattr(rematc.partition, "solve", lambda p, c: SolveResult(
+        status=Status.INFEASIBLE, plan=None, report=None, objective=0.0, bound=0.0,
+        wall_time=0.0, solver="knapsack"))
+    monkeypatch.setattr(rematc.partition, "greedy", lambda p, c: SolveResult(
+        status=Status.INFEASIBLE, plan=None, report=None, objective=0.0, bound=0.0,
+        wall_time=0.0, solver="greedy"))
+    model, inputs = MODELS["mlp"]()
+    compiled = rematc.compile(model, budget=budget, compiler="eager")
+    with pytest.raises(Exception) as info:
+        compiled(*inputs).backward()
+    err = _cause(info.value, rematc.NoPlanError)
+    assert isinstance(err, rematc.NoPlanError) and "the knapsack found no plan" in str(err)
+    assert "time_limit" not in str(err) and "Raise the budget" in str(err)
+
+
 def test_solver_exception_is_typed_with_its_cause(monkeypatch: pytest.MonkeyPatch) -> None:
     budget = _budget()
 
