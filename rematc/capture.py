@@ -255,10 +255,13 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     saved forward copy is not overwritten in the forward, a later recomputation keeps the
     backward's copy). The first such input in value order is the one marked.
     """
+    through = frozenset(unstored)
+
     def direct(v: int) -> set[int]:
+        """The values v's kernel loads: its inputs, and those of the unstored ones."""
         out = {value_of[a] for n in groups[v] if costs[n].is_pointwise for a in n.all_input_nodes
                if a in value_of and groups[value_of[a]][0] is a}
-        for d in out & set(unstored):
+        for d in out & through:
             out |= direct(d)
         return out
 

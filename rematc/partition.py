@@ -333,23 +333,21 @@ def plan_for(problem: Problem, options: Options) -> Planned:
     # A search that ran out of time may find a plan with more; a baseline that found none
     # (the benchmark's knapsack: status infeasible) will not.
     timed_out = result.status is Status.UNKNOWN
+    limit = f" in its time limit of {options.solver.time_limit:g} s" if timed_out else ""
     fallback = greedy(problem, options.solver)
     if fallback.plan is not None and check(problem, fallback.plan).fits:
         warnings.warn(
-            f"rematc: {who} found no plan"
-            + (f" in its time limit of {options.solver.time_limit:g} s" if timed_out else " within the budget")
-            + f" (status {result.status.value}); using the greedy plan, which fits the budget but "
-            + ("may recompute more. Raise the option 'time_limit' for a better plan." if timed_out
-               else "may recompute more."),
+            f"rematc: {who} found no plan within the budget{limit} (status {result.status.value}); "
+            "using the greedy plan, which fits the budget but may recompute more."
+            + (" Raise the option 'time_limit' for a better plan." if timed_out else ""),
             SolverFallbackWarning,
             stacklevel=2,
         )
         return Planned(_with_bound(fallback, result.bound), cached=False)
     raise NoPlanError(
         "solve",
-        f"{who} found no plan within the budget of {problem.budget} B"
-        + (f" in its time limit of {options.solver.time_limit:g} s" if timed_out else "")
-        + f" (status {result.status.value}), and the greedy fallback found none either. "
+        f"{who} found no plan within the budget of {problem.budget} B{limit} (status {result.status.value}), "
+        "and the greedy fallback found none either. "
         + ("Raise the option 'time_limit', or the budget." if timed_out else "Raise the budget."),
     )
 
