@@ -1,0 +1,140 @@
+"""Replay a rematc-compiled training step's generated code line by line.
+
+The profiler says how high memory went; this says where, in the code Inductor generated,
+and which buffers were alive there. It runs one step with a line tracer on each generated
+module's ``call`` and, at every line, sums the bytes of the distinct tensor storages in
+that frame, leaving out what was alive before the step (parameters, buffers, inputs).
+Buffers allocated inside a kernel (a convolution's workspace) are not in the frame, so
+the replay's peak is at most the profiler's; where no kernel has a workspace they agree
+to a few bytes. Set the buffers alive at the replay's peak beside the plan's live set
+(``solvers.checker.value_intervals``) to find what the memory model does not follow
+(docs/inductor-memory.md).
+
+    python -m bench.replay --model unet --batch 4 --budget 45% [--small] [--top 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+
+import rematc
+from bench import configs, models
+from rematc.memory import profiler_peak
+
+
+@dataclass
+class Peak:
+    """The most bytes a generated module's ``call`` frame held, at which line."""
+
+    module: str  # the generated file
+    line: int
+    source: str
+    nbytes: int
+    alive: list[tuple[str, int]] = field(default_factory=list)  # (local name, bytes), largest first
+
+
+@contextmanager
+def generated_modules() -> Iterator[list[Any]]:
+    """The modules Inductor compiles while the block runs, in order."""
+    from torch._inductor.graph import GraphLowering
+
+    found: list[Any] = []  # ModuleType, or a FileBackedGraphModule
+    original = GraphLowering.compile_to_module
+
+    def recording(self: GraphLowering, *args: Any, **kwargs: Any) -> Any:
+        module = original(self, *args, **kwargs)
+        found.append(module)
+        return module
+
+    GraphLowering.compile_to_module = recording  # type: ignore[method-assign]
+    try:
+        yield found
+    finally:
+        GraphLowering.compile_to_module = original  # type: ignore[method-assign]
+
+
+def storages(frame: FrameType, before: set[int]) -> dict[int, tuple[str, int]]:
+    """Storage pointer -> (a local naming it, its bytes), for the frame's tensors not in
+    ``before``."""
+    out: dict[int, tuple[str, int]] = {}
+    for name, value in frame.f_locals.items():
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr and ptr not in before:
+                out.setdefault(ptr, (name, storage.nbytes()))
+    return out
+
+
+def replay(step: Callable[[], object], modules: list[Any], before: set[int]) -> list[Peak]:
+    """Run ``step`` once with the line tracer on each module's ``call``; each module's peak."""
+    calls: dict[CodeType, Any] = {m.call.__code__: m for m in modules}
+    best: dict[CodeType, tuple[int, int, dict[int, tuple[str, int]]]] = {}
+
+    def on_line(frame: FrameType, event: str, arg: object) -> Any:
+        if event in ("line", "return"):
+            alive = storages(frame, before)
+            total = sum(b for _, b in alive.values())
+            if total > best.get(frame.f_code, (-1, 0, {}))[0]:
+                best[frame.f_code] = (total, frame.f_lineno, alive)
+        return on_line
+
+    def on_call(frame: FrameType, event: str, arg: object) -> Any:
+        return on_line if frame.f_code in calls else None
+
+    sys.settrace(on_call)
+    try:
+        step()
+    finally:
+        sys.settrace(None)
+    peaks = []
+    for code, (total, line, alive) in best.items():
+        path = calls[code].__file__ or ""
+        with open(path) as f:
+            source = f.read().splitlines()[line - 1].strip()
+        peaks.append(Peak(path, line, source, total, sorted(alive.values(), key=lambda a: -a[1])))
+    return peaks
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, choices=sorted(models.MODELS))
+    p.add_argument("--budget", default="none", help="rematc's budget: none, 45%%, 0.6, 700MiB, bytes")
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--small", action="store_true", help="the model at toy sizes")
+    p.add_argument("--top", type=int, default=20, help="buffers to list at each peak")
+    a = p.parse_args(argv)
+    torch._inductor.config.force_disable_caches = True  # compile, so the modules are seen
+    model, inputs = models.make(a.model, batch=a.batch, small=a.small)
+    compiled = rematc.compile(model, budget=configs.rematc_budget(a.budget), compiler="inductor", cache_dir=None)
+
+    def step() -> None:
+        compiled(*inputs).backward()
+
+    with generated_modules() as modules:
+        step()  # compiles
+    model.zero_grad(set_to_none=True)
+    measured = profiler_peak(step)
+    model.zero_grad(set_to_none=True)
+    before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
+    peaks = replay(step, modules, before)
+    record = rematc.records()[-1]
+    print(f"measured (profiler) {measured:,} B; predicted {record.predicted_peak:,} B; "
+          f"budget {record.budget if record.budget is not None else 'none'}")
+    for peak in peaks:
+        print(f"\n{peak.module}: {peak.nbytes:,} B at line {peak.line}: {peak.source[:160]}")
+        for name, nbytes in peak.alive[:a.top]:
+            print(f"    {name:<24} {nbytes:>14,}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
