@@ -249,11 +249,12 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     the input is no graph input, and the value is the input's last reader. A read through
     an ``unstored`` value (an elementwise backward value Inductor computes inside its
     readers) is a direct read: the kernel loads that value's inputs itself. The U-Net's
-    BatchNorm-ReLU backward reads the ReLU's output through the unstored ``threshold_backward``
-    and writes its gradient over it; read only directly, the model had counted both. Whether it
-    reads the input's storage last is up to the plan (:attr:`Problem.taken_over`: a
-    saved forward copy is not overwritten in the forward, a later recomputation keeps the
-    backward's copy). The first such input in value order is the one marked.
+    BatchNorm-ReLU backward reads the ReLU's output through the unstored
+    ``threshold_backward`` and writes its gradient over it; with direct reads only, the
+    model had counted both. Whether it reads the input's storage last is up to the plan
+    (:attr:`Problem.taken_over`: a saved forward copy is not overwritten in the forward, a
+    later recomputation keeps the backward's copy). The first such input in value order is
+    the one marked.
     """
     through = frozenset(unstored)
 
