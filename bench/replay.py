@@ -104,6 +104,28 @@ def replay(step: Callable[[], object], modules: list[Any], before: set[int]) -> 
     return peaks
 
 
+@dataclass
+class Replayed:
+    measured: int  # the profiler's peak of one step, bytes
+    modules: int  # generated modules seen compiling (forward, backward)
+    peaks: list[Peak]  # each module's peak in the replayed step
+
+
+def replay_step(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], compiled: Callable[..., Any]) -> Replayed:
+    """Compile (the first step), measure one step with the profiler, then replay one."""
+
+    def step() -> None:
+        compiled(*inputs).backward()
+
+    with generated_modules() as modules:
+        step()
+    model.zero_grad(set_to_none=True)
+    measured = profiler_peak(step)
+    model.zero_grad(set_to_none=True)
+    before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
+    return Replayed(measured, len(modules), replay(step, modules, before))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, choices=sorted(models.MODELS))
@@ -116,20 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     model, inputs = models.make(a.model, batch=a.batch, small=a.small)
     compiled = rematc.compile(model, budget=configs.rematc_budget(a.budget), compiler="inductor", cache_dir=None)
 
-    def step() -> None:
-        compiled(*inputs).backward()
-
-    with generated_modules() as modules:
-        step()  # compiles
-    model.zero_grad(set_to_none=True)
-    measured = profiler_peak(step)
-    model.zero_grad(set_to_none=True)
-    before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
-    peaks = replay(step, modules, before)
+    result = replay_step(model, inputs, compiled)
     record = rematc.records()[-1]
-    print(f"measured (profiler) {measured:,} B; predicted {record.predicted_peak:,} B; "
+    print(f"measured (profiler) {result.measured:,} B; predicted {record.predicted_peak:,} B; "
           f"budget {record.budget if record.budget is not None else 'none'}")
-    for peak in peaks:
+    for peak in result.peaks:
         print(f"\n{peak.module}: {peak.nbytes:,} B at line {peak.line}: {peak.source[:160]}")
         for name, nbytes in peak.alive[:a.top]:
             print(f"    {name:<24} {nbytes:>14,}")

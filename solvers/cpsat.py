@@ -148,7 +148,7 @@ class Model:
     E: dict[int, cp_model.IntVar] = field(default_factory=dict)  # exposed copy time at step k
     T: dict[int, cp_model.IntVar] = field(default_factory=dict)  # v's last backward reader takes it over
     capacity: cp_model.IntVar | int = 0
-    seed: Plan | None = None  # the plan the search was hinted with, when it fits the budget
+    seed: Plan | None = None  # the plan the search was hinted with (:func:`seed`'s)
 
     sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
 
@@ -494,8 +494,7 @@ def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, 
     start = seed(problem, config)
     if start is not None:
         hint(model, start)
-        if check(problem, start).fits:
-            model.seed = start
+        model.seed = start
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.
     solver.parameters.max_time_in_seconds = max(0.1, config.time_limit - (time.perf_counter() - t0))
@@ -589,9 +588,9 @@ def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model
         judged.append(("cpsat", plan, report))
     # The search may stop (at the gap limit, the time limit) on a plan dearer than the one
     # it was hinted with: with several workers, on whichever plan one of them reports
-    # first. The hint is a plan too.
-    if model.seed is not None:
-        judged.append(("seed", model.seed, check(problem, model.seed)))
+    # first. The hint is a plan too, where it fits (the least-peak seed may not).
+    if model.seed is not None and (seeded := check(problem, model.seed)).fits:
+        judged.append(("seed", model.seed, seeded))
     if not judged:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
                            bound=bound, wall_time=wall, solver="cpsat", stats=stats)

@@ -7,8 +7,7 @@ import torch
 
 import rematc
 from bench import models
-from bench.replay import generated_modules, replay
-from rematc.memory import profiler_peak
+from bench.replay import replay_step
 
 
 @pytest.mark.inductor
@@ -18,18 +17,9 @@ def test_replay_finds_the_profilers_peak_in_the_generated_code() -> None:
     model, inputs = models.make("llama", small=True)
     with torch._inductor.config.patch(force_disable_caches=True):
         compiled = rematc.compile(model, budget=0.45, compiler="inductor", cache_dir=None, workers=1)
-
-        def step() -> None:
-            compiled(*inputs).backward()
-
-        with generated_modules() as modules:
-            step()
-    assert len(modules) == 2  # the forward and the backward
-    model.zero_grad(set_to_none=True)
-    measured = profiler_peak(step)
-    model.zero_grad(set_to_none=True)
-    before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
-    peaks = replay(step, modules, before)
+        result = replay_step(model, inputs, compiled)
+    assert result.modules == 2  # the forward and the backward
+    peaks, measured = result.peaks, result.measured
     assert len(peaks) == 2
     top = max(p.nbytes for p in peaks)
     assert top <= measured and measured - top <= 64, (top, measured)
