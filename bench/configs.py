@@ -22,7 +22,9 @@ rematc has no solver option, so ``rematc_knapsack_<b>`` replaces the ``solve`` t
 the knapsack at the budget; if the checker finds that the plan's peak (which the knapsack
 never models) overshoots the budget, the knapsack's capacity is tuned until its plan fits,
 as a PyTorch user tunes ``activation_memory_budget`` until the step fits. The record's
-``solver`` field says which: ``knapsack`` or ``knapsack_tuned``.
+``solver`` field says which: ``knapsack`` or ``knapsack_tuned``. Neither runs when rematc's
+no-budget plan (the fused pointwise values recomputed) fits the budget: that plan is taken,
+as PyTorch runs its knapsack only when its min-cut plan is over the budget.
 """
 
 from __future__ import annotations

@@ -136,8 +136,10 @@ def test_offload_plan_under_inductor_matches_eager(same_random_as_eager: None) -
     model, inputs = MODELS["gpt"]()
     reference = run_step(model, model, inputs)
     model, inputs = MODELS["gpt"]()
-    compiled = rematc.compile(model, budget=0.8, host_bandwidth=FAST_LINK)
+    # Below the no-budget plan's peak (fused pointwise values recomputed), which under
+    # Inductor is taken whenever it fits.
+    compiled = rematc.compile(model, budget=0.5, host_bandwidth=FAST_LINK)
     result = run_step(model, compiled, inputs)
-    plan = rematc.records()[-1].plan
-    assert plan is not None and plan.of(Decision.OFFLOAD)
+    record = rematc.records()[-1]
+    assert record.solver == "cpsat" and record.plan is not None and record.plan.of(Decision.OFFLOAD)
     assert_same_step(reference, result, rtol=1e-4, atol=1e-5)
