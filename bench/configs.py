@@ -23,7 +23,7 @@ the knapsack at the budget; if the checker finds that the plan's peak (which the
 never models) overshoots the budget, the knapsack's capacity is tuned until its plan fits,
 as a PyTorch user tunes ``activation_memory_budget`` until the step fits. The record's
 ``solver`` field says which: ``knapsack`` or ``knapsack_tuned``. Neither runs when rematc's
-no-budget plan (the fused pointwise values recomputed) fits the budget: that plan is taken,
+no-budget plan (the least peak recomputing fused pointwise values only) fits the budget: that plan is taken,
 as PyTorch runs its knapsack only when its min-cut plan is over the budget.
 """
 

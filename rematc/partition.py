@@ -19,7 +19,7 @@ import pathlib
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -51,13 +51,15 @@ from solvers import (
     InfeasibleBudgetError,
     Plan,
     Problem,
+    SolverConfig,
     SolveResult,
     Status,
     check,
     save_all,
     solve,
 )
-from solvers.baselines import free_recompute, greedy
+from solvers.baselines import free_values, greedy
+from solvers.free import floor, least_peak_free, only_free
 
 log = logging.getLogger(__name__)
 
@@ -285,26 +287,34 @@ class Planned(NamedTuple):
 def plan_for(problem: Problem, options: Options) -> Planned:
     """The plan for ``problem``, from the first of:
 
-    1. under Inductor, recomputing the free values (fused pointwise ops) when that lowers
-       the peak, with no budget or one that plan fits; else saving everything, when it
-       fits (it adds no time): no search, nothing cached;
-    2. the plan cache (``options.cache_dir``), when it holds a plan the checker accepts;
-    3. CP-SAT; its plan is cached. On a time-out it returns the best plan found (its gap
+    1. the plan cache (``options.cache_dir``), when it holds a plan the checker accepts;
+    2. under Inductor, the least peak that recomputing only free values (fused pointwise
+       ops) reaches, at the least time (:func:`solvers.free.least_peak_free`), with no
+       budget or one it fits; cached;
+    3. saving everything, when it fits (it adds no time);
+    4. CP-SAT; its plan is cached. On a time-out it returns the best plan found (its gap
        is recorded). With no plan at all, the greedy plan if the checker accepts it,
        with a warning (not cached: a later run may have the time to do better); else
-       :class:`NoPlanError`. Any exception raised inside the solver comes out as
+       :class:`NoPlanError`. Any exception raised inside a search comes out as
        :class:`SolverError` (stage "solve", the original as ``__cause__``);
        :class:`InfeasibleBudgetError` comes out as it is: it is an answer.
     """
-    if options.compiler == "inductor":
-        # Under Inductor a recomputed pointwise op fuses into its consumer, so recomputing
-        # those is nearly free: the lowest peak at (almost) no time. A budget that plan
-        # meets changes nothing. The search would stop at the first plan under the budget
-        # with the least predicted time, which at a loose budget sits just under it: a
-        # higher peak than this plan's, and measured no faster (the U-Net at 80%: 1093
-        # MiB at 1.06x the default compile's step, against 993 MiB at 1.02x).
-        free = free_recompute(problem, options.solver)
+    root = plancache.directory(options.cache_dir)
+    digest = plancache.key(problem, options.solver, options.compiler) if root is not None else ""
+    if root is not None:
+        hit = plancache.load(root, digest, problem)
+        if hit is not None:
+            return Planned(hit, cached=True)
+    if options.compiler == "inductor" and _free_may_fit(problem):
+        # Under Inductor a recomputed pointwise op fuses into its reader, so recomputing
+        # those is nearly free. A budget that plan meets changes nothing: the search for
+        # the budget would stop at the least-time plan, which at a loose budget sits just
+        # under the budget, higher than this plan and measured no faster (the U-Net at
+        # 80%: 1093 MiB at 1.06x the default compile's step, against 993 MiB at 1.02x).
+        free = _searching(least_peak_free, problem, options)
         if problem.budget is None or free.plan is not None:
+            if root is not None:
+                plancache.store(root, digest, free)
             return Planned(free, cached=False)
     unconstrained = save_all(problem)
     if unconstrained.plan is not None:
@@ -313,23 +323,7 @@ def plan_for(problem: Problem, options: Options) -> Planned:
         # No backward to recompute in: emission recomputes forward values in the backward
         # only, so the forward's own peak is the least this graph can do.
         raise InfeasibleBudgetError(problem.budget, unconstrained.report.peak)
-    root = plancache.directory(options.cache_dir)
-    digest = plancache.key(problem, options.solver) if root is not None else ""
-    if root is not None:
-        hit = plancache.load(root, digest, problem)
-        if hit is not None:
-            return Planned(hit, cached=True)
-    try:
-        result = solve(problem, options.solver)
-    except InfeasibleBudgetError:
-        raise
-    except Exception as e:
-        raise SolverError(
-            "solve",
-            f"the solver raised {type(e).__name__}: {e} (problem {problem.name!r}, "
-            f"{len(problem.nodes)} values, budget {problem.budget} B). The model was not "
-            "compiled. Please report it with the problem file (rematc solve --dump-dir).",
-        ) from e
+    result = _searching(solve, problem, options)
     if result.plan is not None:
         if root is not None:
             plancache.store(root, digest, result)
@@ -356,6 +350,31 @@ def plan_for(problem: Problem, options: Options) -> Planned:
         "and the greedy fallback found none either. "
         + ("Raise the option 'time_limit', or the budget." if timed_out else "Raise the budget."),
     )
+
+
+def _free_may_fit(problem: Problem) -> bool:
+    """Whether a plan recomputing only free values may fit the budget: the bytes live
+    whatever such a plan decides stay within it (skips a search that cannot succeed)."""
+    if problem.budget is None:
+        return True
+    return floor(only_free(problem, free_values(problem))) <= problem.budget
+
+
+def _searching(search: Callable[[Problem, SolverConfig], SolveResult], problem: Problem,
+               options: Options) -> SolveResult:
+    """``search(problem, options.solver)``; an exception other than an infeasible budget
+    (an answer) comes out as :class:`SolverError`."""
+    try:
+        return search(problem, options.solver)
+    except InfeasibleBudgetError:
+        raise
+    except Exception as e:
+        raise SolverError(
+            "solve",
+            f"the solver raised {type(e).__name__}: {e} (problem {problem.name!r}, "
+            f"{len(problem.nodes)} values, budget {problem.budget} B). The model was not "
+            "compiled. Please report it with the problem file (rematc solve --dump-dir).",
+        ) from e
 
 
 class SolverFallbackWarning(UserWarning):

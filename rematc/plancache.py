@@ -5,7 +5,8 @@ One JSON file per key under the cache directory. The key is the SHA-256 of
 * the problem, canonically serialized (``solvers.problem_to_json``, sorted keys): every
   value's name, op, dependencies, size and time, and the budget in bytes; so a new
   shape, another budget or another device profile is another key;
-* the solver configuration (time limit, workers, seed, gaps);
+* the solver configuration (time limit, workers, seed, gaps) and the compiler the plan
+  is for (under Inductor a budget the no-budget plan fits takes that plan);
 * the versions of rematc, OR-Tools and torch, a hash of the solver sources, and
   :data:`FORMAT` (bumped when the entry layout changes).
 
@@ -63,10 +64,11 @@ def directory(option: str | os.PathLike[str] | None) -> pathlib.Path | None:
     return pathlib.Path(value).expanduser()
 
 
-def key(problem: Problem, config: SolverConfig) -> str:
+def key(problem: Problem, config: SolverConfig, compiler: str = "") -> str:
     """SHA-256 hex digest of everything that determines the plan (see the module doc)."""
     material = {
         "format": FORMAT,
+        "compiler": compiler,
         "problem": problem_to_json(problem),
         # Every setting that can change the plan; the search log cannot.
         "solver": {k: v for k, v in dataclasses.asdict(config).items() if k != "log"},

@@ -80,17 +80,29 @@ def free_recompute(problem: Problem, config: SolverConfig = SolverConfig(), *,
     nothing: the plan for "no budget" under Inductor, where a recomputed pointwise op
     fuses into its consumer and costs a launch, so the peak drops at almost no time."""
     t0 = time.perf_counter()
+    return _judged(problem, free_plan(problem, free_time), "free_recompute", t0)
+
+
+def free_plan(problem: Problem, free_time: float | None = None) -> Plan:
+    """:func:`free_recompute`'s plan, within the budget or not."""
     recomputed, _ = _free_start(problem, free_time)
-    return _judged(problem, plan_with(problem, recomputed), "free_recompute", t0)
+    return plan_with(problem, recomputed)
+
+
+def free_values(problem: Problem, free_time: float | None = None) -> set[int]:
+    """The candidates recomputable at most ``free_time`` seconds each (default: the
+    smallest positive recompute time among the candidates, one kernel launch where
+    pointwise ops fuse)."""
+    times = [problem.nodes[v].time for v in problem.candidates if problem.nodes[v].time > 0]
+    limit = free_time if free_time is not None else min(times, default=0.0)
+    return {v for v in problem.candidates
+            if problem.nodes[v].recomputable and problem.nodes[v].time <= limit}
 
 
 def _free_start(problem: Problem, free_time: float | None) -> tuple[set[int], Report]:
     """The free values, if recomputing them all lowers the peak, and the checker's report."""
     nothing = check(problem, plan_with(problem, set()))
-    times = [problem.nodes[v].time for v in problem.candidates if problem.nodes[v].time > 0]
-    limit = free_time if free_time is not None else min(times, default=0.0)
-    free = {v for v in problem.candidates
-            if problem.nodes[v].recomputable and problem.nodes[v].time <= limit}
+    free = free_values(problem, free_time)
     with_free = check(problem, plan_with(problem, free))
     if with_free.peak < nothing.peak:
         return free, with_free

@@ -27,11 +27,11 @@ def test_the_chain_has_a_free_plan_below_saving_everything() -> None:
 
 @pytest.mark.parametrize("budget", [None, 24, 30, 32, 36, 100])
 def test_under_inductor_a_budget_the_free_plan_meets_changes_nothing(budget: int | None) -> None:
-    """The no-budget plan (the free values recomputed) whenever it fits, however loose the
-    budget: not the search's plan just under the budget (peak 32 at budget 32), nor saving
-    everything when that fits too."""
+    """The no-budget plan (the least peak recomputing only free values) whenever it fits,
+    however loose the budget: not the search's plan just under the budget (peak 32 at
+    budget 32), nor saving everything when that fits too."""
     result = _plan(budget, "inductor")
-    assert result.solver == "free_recompute" and result.plan is not None
+    assert result.solver == "free_least_peak" and result.plan is not None
     assert result.report is not None and result.report.peak == 24
 
 
@@ -48,3 +48,17 @@ def test_eager_recomputes_nothing_for_free(budget: int, solver: str, peak: int) 
     result = _plan(budget, "eager")
     assert result.solver == solver and result.report is not None
     assert result.report.peak == peak
+
+
+def test_a_budget_below_what_free_values_can_reach_skips_their_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes live whatever free-only plan is chosen exceed a budget of 20: straight to
+    CP-SAT, without the free values' search (whose minimum-peak phase runs for seconds on
+    a real model)."""
+    import rematc.partition
+
+    def no_search(*args: object) -> None:
+        raise AssertionError("searched free values although no such plan can fit")
+
+    monkeypatch.setattr(rematc.partition, "least_peak_free", no_search)
+    result = _plan(20, "inductor")
+    assert result.solver == "cpsat"
