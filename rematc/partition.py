@@ -354,7 +354,10 @@ def plan_for(problem: Problem, options: Options) -> Planned:
 
 def _free_may_fit(problem: Problem) -> bool:
     """Whether a plan recomputing only free values may fit the budget: the bytes live
-    whatever such a plan decides stay within it (skips a search that cannot succeed)."""
+    whatever such a plan decides stay within it (skips a search that cannot succeed). Not
+    without a backward, where emission recomputes nothing."""
+    if problem.single_phase:
+        return False
     if problem.budget is None:
         return True
     return floor(only_free(problem, free_values(problem))) <= problem.budget
