@@ -173,7 +173,7 @@ def compile(model: torch.nn.Module | Callable[..., Any], *, budget: object = Non
 
     ``options`` are those of ``torch.compile(..., options=...)`` for rematc: compiler,
     device, host_bandwidth, verify, cache_dir, time_limit, workers, seed, gap, step_gap,
-    stall_time. Keyword ``dynamic``/``fullgraph`` go to torch.compile.
+    stall_time, deterministic. Keyword ``dynamic``/``fullgraph`` go to torch.compile.
     """
     compile_kwargs = {k: options.pop(k) for k in ("dynamic", "fullgraph") if k in options}
     opts = Options.from_mapping({"budget": budget, **options})

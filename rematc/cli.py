@@ -135,6 +135,10 @@ def _planning(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_non_negative(int), default=0, help="CP-SAT random seed")
     p.add_argument("--stall-time", type=_non_negative(float), default=0.0,
                    help="stop once no better plan has been found for this many seconds (0: never)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="same plan on every run for a seed and worker count: --time-limit then "
+                        "counts CP-SAT's deterministic seconds (several wall seconds each), "
+                        "--stall-time is not used")
 
 
 def _non_negative(kind: type[int] | type[float]) -> Any:
@@ -262,7 +266,7 @@ def with_budget(problem: Problem, args: argparse.Namespace) -> Budgeted:
     else:
         budget = parse_budget(args.budget).resolve(before.peak)
     config = SolverConfig(time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                          stall_time=args.stall_time)
+                          stall_time=args.stall_time, deterministic=args.deterministic)
     return Budgeted(problem.with_budget(budget), before.peak, config)
 
 
@@ -603,7 +607,8 @@ def _plot(args: argparse.Namespace) -> int:
     stem = _safe(problem.name or "problem")
     timeline = os.path.join(args.out_dir, f"{stem}-timeline.png")
     save_png(timeline_figure(problem, before, after, budget=problem.budget), timeline)
-    sweep = SolverConfig(time_limit=args.sweep_time_limit, workers=args.workers, seed=args.seed)
+    sweep = SolverConfig(time_limit=args.sweep_time_limit, workers=args.workers, seed=args.seed,
+                         deterministic=args.deterministic)
     points = pareto_sweep(problem, points=args.points, config=sweep)
     pareto = os.path.join(args.out_dir, f"{stem}-pareto.png")
     save_png(pareto_figure(problem, points, time_unit=_time_unit(problem), budget=problem.budget), pareto)

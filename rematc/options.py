@@ -84,8 +84,10 @@ class Options:
 
         Keys: budget, compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at), step_gap
-        (stop once provably within this fraction of the step's time of the best plan) and
-        stall_time (stop once no better plan has been found for this many seconds; 0 never).
+        (stop once provably within this fraction of the step's time of the best plan),
+        stall_time (stop once no better plan has been found for this many seconds; 0 never)
+        and deterministic (the same plan on every run for a seed and worker count;
+        :attr:`solvers.SolverConfig.deterministic`).
         """
         if options is not None and not isinstance(options, Mapping):
             raise ValueError(
@@ -99,9 +101,9 @@ class Options:
         solver_keys = {"time_limit": "time_limit", "workers": "workers", "seed": "seed",
                        "gap": "relative_gap", "step_gap": "step_gap", "stall_time": "stall_time"}
         own = {f.name for f in dataclasses.fields(Options)} - {"solver"}
-        unknown = set(options) - own - set(solver_keys)
+        unknown = set(options) - own - set(solver_keys) - {"deterministic"}
         if unknown:
-            accepted = sorted(own | set(solver_keys))
+            accepted = sorted(own | set(solver_keys) | {"deterministic"})
             hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, accepted, n=1))
                      else repr(k) for k in sorted(unknown)]
             raise ValueError(f"unknown rematc option(s) {', '.join(hints)}; accepted: {', '.join(accepted)}")
@@ -109,6 +111,11 @@ class Options:
         for key, attr in solver_keys.items():
             if key in options:
                 solver_args[attr] = _number(key, options.pop(key), integer=key in ("workers", "seed"))
+        if "deterministic" in options:
+            flag = options.pop("deterministic")
+            if not isinstance(flag, bool):
+                raise ValueError(f"option 'deterministic' must be True or False, got {flag!r}")
+            solver_args["deterministic"] = flag
         if "budget" in options and options["budget"] is not None:
             options["budget"] = parse_budget(options["budget"])
         return Options(solver=dataclasses.replace(DEFAULT_SOLVER, **solver_args), **options)

@@ -71,6 +71,7 @@ from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
     Watch,
+    limit,
     make_peak_solver,
     make_solver,
     min_peak_result,
@@ -78,6 +79,7 @@ from solvers.sat import (
     proven_optimal,
     search,
     search_stats,
+    spent,
 )
 
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
@@ -325,14 +327,14 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES,
     # Before the model: its many Python objects slow the search's allocations (n1000 at
     # 80%: 2.91% found in the same 9 s after the model was built, 2.79% before).
     seed = local.improve(problem, start, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed,
-                         on_best=on_best)
+                         on_best=on_best, deterministic=config.deterministic)
     m = build(problem, copies=copies)
     m.seed = seed
     hint(m, start)  # over budget, it still points the search at the right values
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.
-    left = config.time_limit * (1 - LOCAL_SHARE) - (time.perf_counter() - t0)
-    solver.parameters.max_time_in_seconds = max(0.1, left)
+    left = config.time_limit * (1 - LOCAL_SHARE) - spent(config, t0, config.time_limit * LOCAL_SHARE)
+    limit(solver, config, max(0.1, left))
     if config.step_gap > 0:
         step = problem.scale.time(sum(n.time for n in problem.nodes))
         solver.parameters.absolute_gap_limit = config.step_gap * step * m.tie_break
@@ -373,7 +375,8 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
     optimal = found and proven_optimal(code, solver, m.tie_break)
     _, plan, report = min(judged, key=lambda j: j[2].added_time)  # CP-SAT's on a tie
     if not (optimal or interrupted):
-        better = local.improve(problem, plan, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed)
+        better = local.improve(problem, plan, seconds=config.time_limit * LOCAL_SHARE, seed=config.seed,
+                               deterministic=config.deterministic)
         if better is not None and (after := check(problem, better)).added_time < report.added_time:
             plan, report = better, after
             stats["polished"] = 1

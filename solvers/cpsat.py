@@ -99,6 +99,7 @@ infeasible budget is explained by the smallest feasible one.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -113,6 +114,7 @@ from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
     Watch,
+    limit,
     make_peak_solver,
     make_solver,
     min_peak_result,
@@ -120,6 +122,7 @@ from solvers.sat import (
     proven_optimal,
     search,
     search_stats,
+    spent,
 )
 
 log = logging.getLogger(__name__)
@@ -491,13 +494,13 @@ def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, 
         return anywhere.prepare(problem, config, on_best=on_best)
     t0 = time.perf_counter()
     model = build(problem)
-    start = seed(problem, config)
+    start, work = seeded(problem, config)
     if start is not None:
         hint(model, start)
         model.seed = start
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.
-    solver.parameters.max_time_in_seconds = max(0.1, config.time_limit - (time.perf_counter() - t0))
+    limit(solver, config, max(0.1, config.time_limit - spent(config, t0, work)))
     if config.step_gap > 0:
         step = problem.scale.time(sum(n.time for n in problem.nodes))
         solver.parameters.absolute_gap_limit = config.step_gap * step * model.tie_break
@@ -518,15 +521,24 @@ def seed(problem: Problem, config: SolverConfig) -> Plan | None:
     Raises :class:`InfeasibleBudgetError` when that search proves the least peak over
     the budget.
     """
-    start = greedy(problem, SolverConfig(time_limit=config.time_limit * SEED_SHARE))
+    return seeded(problem, config)[0]
+
+
+def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
+    """:func:`seed`'s plan and the deterministic seconds its minimum-peak search ran (0
+    when the greedy's plan fits). Under ``config.deterministic`` the greedy has no time
+    limit (it stops after about two replays per candidate)."""
+    share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
+    start = greedy(problem, SolverConfig(time_limit=share))
     if start.plan is not None or problem.budget is None:
-        return start.plan
+        return start.plan, 0.0
     t0 = time.perf_counter()
     capacity = problem.scale.capacity(problem.budget)
     model, solver, code = peak_search(problem, replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE),
                                       stop=StopAtMost(capacity))
+    work = solver.deterministic_time
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
+        return None, work
     plan = extract_plan(model, solver)
     fits = solver.objective_value <= capacity
     if code == cp_model.OPTIMAL and not fits:
@@ -534,7 +546,7 @@ def seed(problem: Problem, config: SolverConfig) -> Plan | None:
     log.info("seed: the minimum-peak model's %s after %.1f s",
              "first plan within budget" if fits else "least-peak plan found (over budget)",
              time.perf_counter() - t0)
-    return plan
+    return plan, work
 
 
 def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None

@@ -35,6 +35,11 @@ from solvers.result import SolverConfig, SolveResult, Status
 from solvers.sat import make_peak_solver, search
 
 FREE_STALL = 2.0  # seconds without a lower peak before step 1 stops
+# Step 1's limit under ``config.deterministic``, which has no stall watch: deterministic
+# seconds of CP-SAT's interleaved portfolio, whose LP workers take 30-65 wall seconds
+# per deterministic second on this model (Llama and GPT-2 benchmark problems, 2 cores:
+# 0.1 reaches the peaks the 2 s stall does, 713.0 and 724.9 MiB, in 6.5 s and 3.0 s).
+FREE_WORK = 0.1
 
 
 def only_free(problem: Problem, free: set[int]) -> Problem:
@@ -101,10 +106,13 @@ def trimmed(problem: Problem, plan: Plan) -> Plan:
 
 def least_peak(restricted: Problem, config: SolverConfig, start: Plan) -> tuple[bool, Plan | None]:
     """CP-SAT's minimum-peak model on ``restricted``, hinted with ``start``, stopped
-    ``FREE_STALL`` seconds after its last better plan (or sooner if ``config`` says so):
-    whether the peak is proven least, and the plan (None if it found none)."""
+    ``FREE_STALL`` seconds after its last better plan (or sooner if ``config`` says so;
+    under ``config.deterministic`` after ``FREE_WORK`` deterministic seconds): whether the
+    peak is proven least, and the plan (None if it found none)."""
     stall = FREE_STALL if config.stall_time <= 0 else min(config.stall_time, FREE_STALL)
     config = replace(config, stall_time=stall)
+    if config.deterministic:
+        config = replace(config, time_limit=min(config.time_limit, FREE_WORK))
     model = build(restricted, minimize_peak=True)
     hint(model, start)
     solver = make_peak_solver(config)

@@ -26,7 +26,8 @@ plan, runs CP-SAT (hinted with the greedy's plan too), then runs it again from t
 cheaper end.
 
 Deterministic for a given seed whenever it stops at ``patience`` (moves in a row without
-a better plan) rather than at its time limit.
+a better plan) rather than at its time limit, and always when its limit counts work
+(``deterministic``): values replayed by the checker, at ``VALUES_PER_SECOND`` to the second.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from solvers.checker import Report, check, value_intervals
 from solvers.plan import Decision, Plan, Step
@@ -43,6 +45,22 @@ RUIN_MAX = 6  # recomputations a random ruin drops, at most
 WINDOW = 20  # a window ruin spans up to 1/WINDOW of the steps either side
 NOISE = 0.5  # the repair's ranking is scaled by a factor in [1, 1 + NOISE)
 PATIENCE = 200  # moves without a better plan before the search stops
+# The checker's pace inside the search, in values replayed per second (random layered
+# graphs of 100-1000 values at 80-90% budgets, one core: 0.58-0.84 million): turns a time
+# limit into a count of work when the search must not depend on the clock.
+VALUES_PER_SECOND = 700_000
+
+
+@dataclass
+class Meter:
+    """The checker, counting the values it replays: the local search's measure of work."""
+
+    problem: Problem
+    values: int = 0
+
+    def check(self, plan: Plan) -> Report:
+        self.values += len(self.problem.nodes) + len(plan.schedule)
+        return check(self.problem, plan)
 
 
 def as_plan(steps: list[Step]) -> Plan:
@@ -70,7 +88,7 @@ def read_steps(problem: Problem, plan: Plan) -> list[set[int]]:
 
 
 def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None,
-           noise: float = 0.0) -> tuple[list[Step], Report]:
+           noise: float = 0.0, meter: Meter | None = None) -> tuple[list[Step], Report]:
     """Add recomputations to ``steps`` until the plan fits or no candidate lowers the peak;
     the last plan and its report, within budget or not.
 
@@ -84,11 +102,12 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
     byte freed, and the first that lowers the peak (or the bytes at k) is taken.
     ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
     p = problem
+    judge = (meter or Meter(p)).check
     budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
     free = set(recomputable(p)) - {s.node for s in steps}
     steps = list(steps)
     plan = as_plan(steps)
-    report = check(p, plan)
+    report = judge(plan)
     while report.peak > budget and free:
         k = report.peak_step
         spans = value_intervals(p, plan)
@@ -108,7 +127,7 @@ def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None
         for _, before, group in sorted(set(ranked)):
             trial = [*steps, *(Step(u, before) for u in group)]
             trial_plan = as_plan(trial)
-            after = check(p, trial_plan)
+            after = judge(trial_plan)
             if after.peak < report.peak or (after.peak == report.peak and after.timeline[k] < report.timeline[k]):
                 free.difference_update(group)
                 steps, plan, report = trial, trial_plan, after
@@ -146,12 +165,13 @@ def cost_of(problem: Problem, group: tuple[int, ...], live: set[int]) -> tuple[f
             freed - sum(problem.nodes[d].size for d in revived))
 
 
-def drop(problem: Problem, steps: list[Step]) -> list[Step]:
+def drop(problem: Problem, steps: list[Step], meter: Meter | None = None) -> list[Step]:
     """``steps`` less every recomputation the plan fits without, tried dearest first."""
+    judge = (meter or Meter(problem)).check
     kept = list(steps)
     for s in sorted(steps, key=lambda s: (-problem.nodes[s.node].time, s.before, s.node)):
         trial = [x for x in kept if x != s]
-        if check(problem, as_plan(trial)).fits:
+        if judge(as_plan(trial)).fits:
             kept = trial
     return kept
 
@@ -169,34 +189,43 @@ def ruin(problem: Problem, steps: list[Step], rng: random.Random) -> list[Step]:
 
 
 def improve(problem: Problem, start: Plan, *, seconds: float, seed: int = 0,
-            patience: int = PATIENCE, on_best: Callable[[Plan, float], None] | None = None) -> Plan | None:
+            patience: int = PATIENCE, on_best: Callable[[Plan, float], None] | None = None,
+            deterministic: bool = False) -> Plan | None:
     """The cheapest plan within budget found from ``start`` (repaired first if it does not
     fit) in ``seconds``, or after ``patience`` moves in a row found nothing cheaper
     (``on_best`` is told each better plan and its added seconds, for a progress bar); None
-    when no plan within budget was found. Only single recomputations of a value."""
+    when no plan within budget was found. Only single recomputations of a value.
+    ``deterministic``: ``seconds`` is work, ``seconds * VALUES_PER_SECOND`` values replayed
+    by the checker, not time, so the plan does not depend on the machine's speed or load."""
     rng = random.Random(seed)
+    meter = Meter(problem)
     deadline = time.perf_counter() + seconds
+    work = seconds * VALUES_PER_SECOND
+
+    def more() -> bool:
+        return meter.values < work if deterministic else time.perf_counter() < deadline
+
     first: dict[int, Step] = {}
     for s in start.schedule:  # the search keeps one recomputation per value
         first.setdefault(s.node, s)
-    steps, report = repair(problem, list(first.values()))
+    steps, report = repair(problem, list(first.values()), meter=meter)
     best: tuple[float, list[Step], Plan] | None = None
     if report.fits:
-        steps = drop(problem, steps)
+        steps = drop(problem, steps, meter)
         plan = as_plan(steps)
-        best = (check(problem, plan).added_time, steps, plan)
+        best = (meter.check(plan).added_time, steps, plan)
         if on_best is not None:
             on_best(plan, best[0])
     current = best[1] if best else steps
     idle = 0
-    while idle < patience and time.perf_counter() < deadline:
+    while idle < patience and more():
         idle += 1
-        trial, report = repair(problem, ruin(problem, current, rng), rng, NOISE)
+        trial, report = repair(problem, ruin(problem, current, rng), rng, NOISE, meter)
         if not report.fits:
             continue
-        trial = drop(problem, trial)
+        trial = drop(problem, trial, meter)
         plan = as_plan(trial)
-        cost = check(problem, plan).added_time
+        cost = meter.check(plan).added_time
         if best is None or cost < best[0]:
             best, idle = (cost, trial, plan), 0
             if on_best is not None:

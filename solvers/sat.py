@@ -3,6 +3,7 @@ search statistics."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ PORTFOLIO_WORKERS = 8  # CP-SAT search workers when the config says 0
 
 def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     s = cp_model.CpSolver()
-    s.parameters.max_time_in_seconds = config.time_limit
+    limit(s, config, config.time_limit)
     # CP-SAT's portfolio needs about 8 workers to include its LP-heavy and LNS workers;
     # with 2 it runs only the default one, whose LP bound on the transformer graphs stays
     # near 0 (32 layers at 30%: 0.6 ms against 81.5 ms with 8). On fewer cores the
@@ -33,7 +34,27 @@ def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     # later Ctrl-C in the user's training loop would end the process without a
     # KeyboardInterrupt. Interrupting a search is the caller's business (solvers.progress).
     s.parameters.catch_sigint_signal = False
+    # Workers run in batches in a fixed order, sharing what they learn only between
+    # batches, so the search no longer depends on which thread gets a core first.
+    s.parameters.interleave_search = config.deterministic
     return s
+
+
+def limit(solver: cp_model.CpSolver, config: SolverConfig, seconds: float) -> None:
+    """Stop ``solver`` after ``seconds``: of wall time, or of CP-SAT's deterministic time
+    under ``config.deterministic`` (then no wall-clock limit, which would make the plan
+    depend on the machine's load)."""
+    if config.deterministic:
+        solver.parameters.max_deterministic_time = seconds
+        solver.parameters.max_time_in_seconds = math.inf
+    else:
+        solver.parameters.max_time_in_seconds = seconds
+
+
+def spent(config: SolverConfig, started: float, work: float) -> float:
+    """What a solve has used of its time limit since ``started``: wall seconds, or under
+    ``config.deterministic`` the ``work`` its stages counted (deterministic seconds)."""
+    return work if config.deterministic else time.perf_counter() - started
 
 
 def make_peak_solver(config: SolverConfig) -> cp_model.CpSolver:
@@ -64,8 +85,9 @@ def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig
            watch: Watch | None = None, *, tick: float = 0.1) -> cp_model.CpSolverStatus:
     """``solver.solve(cp)``, stopped once ``config.stall_time`` seconds pass after the last
     better plan (never before the first). CP-SAT has no such limit of its own: a thread
-    beside the search watches the incumbents and calls ``stop_search``."""
-    if config.stall_time <= 0:
+    beside the search watches the incumbents and calls ``stop_search``. Not under
+    ``config.deterministic``: when a wall-clock watch stops the search depends on the load."""
+    if config.stall_time <= 0 or config.deterministic:
         return solver.solve(cp, watch) if watch is not None else solver.solve(cp)
     watch = watch if watch is not None else Watch()
     done = threading.Event()

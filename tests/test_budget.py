@@ -51,8 +51,8 @@ def test_format_bytes() -> None:
 def test_options_from_mapping() -> None:
     opts = Options.from_mapping({"budget": "1GiB", "compiler": "eager", "time_limit": 5,
                                  "workers": 2, "seed": 3, "gap": 0.01, "device": "h100",
-                                 "stall_time": 2.5})
-    assert opts.budget == Budget(nbytes=2**30)
+                                 "stall_time": 2.5, "deterministic": True})
+    assert opts.budget == Budget(nbytes=2**30) and opts.solver.deterministic
     assert opts.solver.time_limit == 5 and opts.solver.workers == 2 and opts.solver.seed == 3
     assert opts.solver.relative_gap == 0.01 and opts.solver.stall_time == 2.5
     assert Options.from_mapping(None) == Options()
@@ -68,6 +68,7 @@ def test_options_from_mapping() -> None:
         ({"workers": 1.5}, "'workers' must be a non-negative int"),
         ({"stall_time": -2}, "'stall_time' must be a non-negative number"),
         ({"verify": "yes"}, "'verify' must be True or False"),
+        ({"deterministic": 1}, "'deterministic' must be True or False"),
         ({"budget": "lots"}, "budget 'lots' is not understood"),
     ],
 )

@@ -546,3 +546,21 @@ def test_fuzz_random_json(doc: object, tmp_path: Path, capsys: pytest.CaptureFix
         assert rc in (0, 1), err
         if rc == 0:
             assert json.loads(out)["status"] in ("optimal", "feasible")
+
+
+@pytest.mark.slow
+def test_solve_deterministic_prints_the_same_plan_twice(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_determinism import layered
+
+    path = tmp_path / "layered.json"
+    save_problem(layered(300), path)
+    plans = []
+    for _ in range(2):
+        rc, out, err = run(capsys, "solve", path, "--budget", "30%", "--time-limit", "0.02",
+                           "--workers", "8", "--deterministic", "--json")
+        assert rc == 0, err
+        summary = json.loads(out)
+        assert summary["status"] == "feasible"  # stopped by its limit, not by a proof
+        plans.append(summary["plan"])
+    assert plans[0] == plans[1]

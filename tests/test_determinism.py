@@ -1,0 +1,129 @@
+"""``SolverConfig.deterministic``: the same plan for the same problem, seed and worker count,
+whatever the clock says. CP-SAT interleaves its workers and stops on deterministic time;
+the local search counts the checker's work; no wall-clock watch stops anything.
+
+The CP-SAT cases stop on their limit, not on a proof (status FEASIBLE): a search that
+proves optimality can repeat its plan in any mode, one stopped by a wall clock need not
+(the two-phase problem below gave plans adding 583 and 584 units in two 1 s runs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from ortools.sat.python import cp_model
+
+from solvers import Plan, Problem, SolverConfig, Status, check, local, sat, save_all, solve
+from solvers.problem import node
+from solvers.sat import make_solver, search
+from tests.graphs import P
+from tests.test_local import bursts
+
+
+def layered(n: int, *, seed: int = 0) -> Problem:
+    """``n`` forward values, each reading the one before and, half the time, one of the
+    six before it, and autograd's mirror: each gradient reads its value's inputs and the
+    gradient after it."""
+    rng = random.Random(seed)
+    nodes = [node("x", size=8, resident=True)]
+    for i in range(1, n + 1):
+        deps = {i - 1} | ({rng.randrange(max(0, i - 6), i)} if rng.random() < 0.5 else set())
+        nodes.append(node(f"f{i}", *sorted(deps), size=rng.randint(1, 16), time=float(rng.randint(1, 9))))
+    grad = n
+    for i in range(n, 0, -1):
+        nodes.append(node(f"g{i}", *sorted({*nodes[i].deps, grad}), size=nodes[i].size,
+                          backward=True, keep=i == 1))
+        grad = len(nodes) - 1
+    return P(*nodes)
+
+
+def skips(n: int, *, seed: int = 0) -> Problem:
+    """A single-phase chain of ``n`` values where, 30% of the time, a value also reads any
+    earlier one (long skips keep values alive)."""
+    rng = random.Random(seed)
+    nodes = [node("x", size=8, time=1.0)]
+    for i in range(1, n):
+        deps = {i - 1} | ({rng.randrange(0, i)} if rng.random() < 0.3 else set())
+        nodes.append(node(f"f{i}", *sorted(deps), size=rng.randint(1, 16), time=float(rng.randint(1, 9))))
+    return P(*nodes)
+
+
+def at(problem: Problem, fraction: float) -> Problem:
+    peak = check(problem, Plan({})).peak if problem.single_phase else check(problem, save_all(problem).plan).peak
+    return problem.with_budget(int(fraction * peak))
+
+
+def test_the_solver_interleaves_its_workers_and_has_no_wall_limit() -> None:
+    wall = make_solver(SolverConfig(time_limit=5.0, workers=4))
+    assert not wall.parameters.interleave_search and wall.parameters.max_time_in_seconds == 5.0
+    det = make_solver(SolverConfig(time_limit=5.0, workers=4, deterministic=True))
+    assert det.parameters.interleave_search and det.parameters.num_workers == 4
+    assert det.parameters.max_deterministic_time == 5.0
+    assert det.parameters.max_time_in_seconds == float("inf")
+
+
+def test_no_stall_watch_stops_a_deterministic_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+    real = sat.threading.Thread
+
+    def spy(*args: object, **kwargs: object) -> object:
+        started.append(str(kwargs.get("name")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sat.threading, "Thread", spy)
+    cp = cp_model.CpModel()
+    x = cp.new_int_var(0, 10, "x")
+    cp.maximize(x)
+    for deterministic in (False, True):
+        config = SolverConfig(time_limit=5.0, workers=1, stall_time=0.5, deterministic=deterministic)
+        assert search(make_solver(config), cp, config) == cp_model.OPTIMAL
+    assert started == ["cpsat-stall"]  # only the wall-clock search started its watch
+
+
+def test_a_deterministic_local_search_ignores_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = at(skips(120), 0.8)
+    steps, _ = local.repair(p, [])
+    greedy = check(p, local.as_plan(local.drop(p, steps))).added_time
+    counted = local.improve(p, Plan({}), seconds=0.05, seed=3, patience=10**6, deterministic=True)
+    assert counted is not None and check(p, counted).added_time < greedy  # the moves paid
+    ticks = itertools.count(step=3600.0)  # each call an hour later: a timed search stops at once
+    monkeypatch.setattr(local.time, "perf_counter", lambda: float(next(ticks)))
+    timed = local.improve(p, Plan({}), seconds=1.0, seed=3, patience=10**6)
+    assert timed is not None and check(p, timed).added_time == greedy
+    again = local.improve(p, Plan({}), seconds=0.05, seed=3, patience=10**6, deterministic=True)
+    assert again is not None and again.schedule == counted.schedule
+
+
+def test_a_deterministic_local_search_stops_after_its_work() -> None:
+    p = bursts(10).with_budget(44)
+    meter = local.Meter(p)
+    work = 0.01 * local.VALUES_PER_SECOND
+    plans = [local.improve(p, Plan({}), seconds=0.01, seed=3, patience=10**6, deterministic=True)
+             for _ in range(2)]
+    assert plans[0] is not None and plans[0].schedule == plans[1].schedule
+    meter.check(plans[0])
+    assert 0 < meter.values <= work  # one replay is far below the work allowed
+
+
+@pytest.mark.slow
+def test_a_two_phase_search_stopped_by_its_limit_repeats_its_plan() -> None:
+    p = at(layered(300), 0.3)
+    config = SolverConfig(time_limit=0.02, workers=8, seed=1, deterministic=True)
+    results = [solve(p, config) for _ in range(2)]
+    assert all(r.status is Status.FEASIBLE for r in results)  # stopped, not proven
+    assert results[0].plan is not None and results[1].plan is not None
+    assert results[0].plan.schedule == results[1].plan.schedule
+    assert results[0].plan.decisions == results[1].plan.decisions
+
+
+@pytest.mark.slow
+def test_a_single_phase_search_repeats_its_plan() -> None:
+    p = at(skips(120), 0.8)
+    assert p.single_phase
+    config = SolverConfig(time_limit=0.1, workers=8, seed=2, deterministic=True)
+    results = [solve(p, config) for _ in range(2)]
+    assert results[0].plan is not None and results[1].plan is not None
+    assert results[0].plan.schedule == results[1].plan.schedule
+    assert check(p, results[0].plan).fits
