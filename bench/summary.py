@@ -64,7 +64,13 @@ def _cells(row: dict[str, Any] | None) -> str:
         if least is not None:  # an infeasible budget: the worker recorded the smallest feasible
             return f"infeasible (least predicted {least / MiB:.2f} MiB) | |"
         return "no plan | |"
-    return f"{row['peak_bytes'] / MiB:.1f} | {row['vs_compile']:.2f}× |"
+    return f"{row['peak_bytes'] / MiB:.1f} | {_ratio(row)} |"
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    """The step as a ratio to ``compile_default``'s; empty when the run had none (as in the main table)."""
+    vs = row.get("vs_compile")
+    return "" if vs is None else f"{vs:.2f}×"
 
 
 def equal_memory(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -75,7 +81,7 @@ def equal_memory(rows: Sequence[dict[str, Any]]) -> list[str]:
             continue
         peak = int(r["peak_bytes"])
         ours, knap = _at(rows, f"rematc_{peak}"), _at(rows, f"rematc_knapsack_{peak}")
-        lines.append(f"| {r['config']} | {peak / MiB:.1f} | {r['vs_compile']:.2f}× | {_cells(ours)} {_cells(knap)}")
+        lines.append(f"| {r['config']} | {peak / MiB:.1f} | {_ratio(r)} | {_cells(ours)} {_cells(knap)}")
     return lines
 
 

@@ -121,3 +121,15 @@ def test_pareto_front() -> None:
     assert run.pareto_front([]) == []
     assert run.pareto_front([(1.0, 5.0), (2.0, 6.0), (3.0, 2.0), (0.5, 9.0)]) == [
         (0.5, 9.0), (1.0, 5.0), (3.0, 2.0)]
+
+
+def test_tables_of_a_run_without_the_default_compile() -> None:
+    """A run of one PyTorch configuration (an A/B rerun) has no step ratio to print: the
+    equal-memory section leaves its cell empty (it raised KeyError on ``vs_compile``)."""
+    from bench import summary
+
+    rows = run.finish([{"config": "amb_0.3", "family": "pytorch budget", "ok": True, "peak_bytes": 851_236_904,
+                         "step_s": 3.9}])
+    assert "vs_compile" not in rows[0]
+    text = summary.markdown(rows)
+    assert "| amb_0.3 | 811.8 |  | not run | |" in text
