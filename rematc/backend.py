@@ -10,7 +10,6 @@ recompilations) share its budget (:class:`rematc.partition.BudgetShare`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -21,6 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from rematc.fusion import keep_plan_order
 from rematc.options import Options
 from rematc.partition import BudgetShare, RematPartitioner
+from rematc.reuse import allocate_line, planned_reuse
 
 
 class Backend:
@@ -50,7 +50,7 @@ class Backend:
 
             inner = compile_fx_inner
             if self.options.budget is not None:
-                inner = keep_plan_order(adjacent_reuse(inner))
+                inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
             return cast(Callable[..., Any], compiled)
@@ -67,63 +67,11 @@ class Backend:
 
 def inductor_patches(options: Options, partitioner: RematPartitioner) -> dict[str, Any]:
     """Inductor's config for one rematc compile: our partitioner, and under a budget no
-    buffer pool where :func:`adjacent_reuse` cannot restrict it."""
+    buffer pool where :func:`rematc.reuse.planned_reuse` cannot restrict it."""
     patches: dict[str, Any] = {"custom_partitioner_fn": partitioner}
-    if options.budget is not None and _allocate_line() is None:
+    if options.budget is not None and allocate_line() is None:
         patches["allow_buffer_reuse"] = False
     return patches
-
-
-def adjacent_reuse(inner_compile: Callable[..., Any]) -> Callable[..., Any]:
-    """``inner_compile`` with Inductor's buffer pool restricted to reuse across adjacent
-    kernels: a buffer freed after one kernel may become the next kernel's output, and no
-    dead buffer is held any longer.
-
-    Inductor's wrapper does not free a dead buffer when a later allocation of the same
-    size can take it over (``allow_buffer_reuse``); the dead buffer stays allocated until
-    then, when the wrapper's own peak estimate says that is free. The plan assumes every
-    value is freed after its last read, and on a plan tuned to its budget the held buffers
-    break it: the 6-layer GPT-2 with explicit attention, planned at 485 MiB, measured 639
-    MiB with the pool (three dead MLP-sized buffers held through the last layer's
-    attention backward) and 460 MiB without. Turning the pool off costs time on the CPU:
-    every large buffer is then a fresh ``mmap`` from glibc, whose pages fault in on first
-    write (the Llama benchmark planned at 80%: 9.69 s a step without the pool, 8.50 s with
-    it, 2.25 M against 1.24 M page faults). Reuse by the very next kernel holds nothing
-    dead (nothing is allocated between the free and the reuse), and recovers nearly all of
-    it: 8.66 s and 1.01 M faults, the same peak; at the 485 MiB budget above the same
-    508,518,416 B as with no pool.
-
-    The rule is Inductor's ``AllocateLine.should_reuse_buffer``, replaced for the duration
-    of the call (backward graphs compile later, through this same ``inner_compile``).
-    """
-    line = _allocate_line()
-    if line is None:  # another Inductor: inductor_patches turns the pool off instead
-        return inner_compile
-
-    def adjacent_only(self: Any, free_line: Any, size: int) -> bool:
-        return bool(self.comm_buffer) or free_line.scheduler_node_index + 1 == self.scheduler_node_index
-
-    @functools.wraps(inner_compile)
-    def compile_with_adjacent_reuse(*args: Any, **kwargs: Any) -> Any:
-        inductor_rule = line.should_reuse_buffer
-        line.should_reuse_buffer = adjacent_only
-        try:
-            return inner_compile(*args, **kwargs)
-        finally:
-            line.should_reuse_buffer = inductor_rule
-
-    return compile_with_adjacent_reuse
-
-
-def _allocate_line() -> Any:
-    """Inductor's ``AllocateLine`` when it decides reuse as this module expects, else None."""
-    try:
-        from torch._inductor.codegen.wrapper import AllocateLine
-    except ImportError:
-        return None
-    rule = getattr(AllocateLine, "should_reuse_buffer", None)
-    fields = getattr(AllocateLine, "__dataclass_fields__", {})
-    return AllocateLine if callable(rule) and "comm_buffer" in fields else None
 
 
 def rematc_backend(

@@ -47,6 +47,7 @@ from rematc.devices import DeviceProfile, profile_for
 from rematc.emit import emit, verify
 from rematc.errors import NoPlanError, SolverError
 from rematc.options import Options
+from rematc.reuse import Room, room_of
 from solvers import (
     InfeasibleBudgetError,
     Plan,
@@ -173,6 +174,9 @@ class RematPartitioner(CustomPartitionerFn):
     def __init__(self, options: Options, share: BudgetShare | None = None) -> None:
         self.options = options
         self.share = share if share is not None else BudgetShare()
+        # The last plan's live bytes per step and where its FX nodes run, for the buffer
+        # pool's rule under a budget (rematc.reuse); None before a plan or without a budget.
+        self.room: Room | None = None
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -219,6 +223,8 @@ class RematPartitioner(CustomPartitionerFn):
             n.size for n in problem.nodes[: problem.n_forward] if n.keep and not n.resident
         )
         self.share.record(graph, holds)
+        self.room = room_of(problem, result.plan, report.timeline,
+                            [[n.name for n in group] for group in captured.groups])
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:
