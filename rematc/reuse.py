@@ -18,13 +18,13 @@ pool, at the same measured peak.
 
 The rule here: a freed buffer may be taken over by a later allocation when the plan's own
 timeline (:func:`solvers.checker.check`, the bytes live at each step of the joint graph)
-plus the buffers already held over the same steps leaves room for it under the plan's
-peak at every step it would be held over; taken over, its bytes are added there. The cap
-is the plan's peak, not the budget: the step then peaks where the plan said it would
-(the U-Net's no-budget plan under an 80% budget, capped at the budget, measured 32 MiB
-above its prediction, still under the budget), and a plan chosen for its least peak
-keeps it. The steps of a
-kernel are those of the FX nodes it was lowered from (their names are the plan's: the
+plus the buffers already held over the same steps leaves room for it below the plan's
+peak less a margin (``MARGIN``) at every step it would be held over, and Inductor's own
+rule agrees; taken over, its bytes are added there. The cap is the plan's peak, not the
+budget: the step then peaks where the plan said it would (the U-Net's no-budget plan
+under an 80% budget, capped at the budget, measured 32 MiB above its prediction, still
+under the budget), and a plan chosen for its least peak keeps it. A kernel sits at the
+plan steps of the FX nodes that made its buffers (their names are the plan's: the
 emitted graphs keep the joint graph's names, a recomputed node's name included). Reuse by
 the next kernel, and of communication buffers, is allowed as Inductor allows it.
 """
@@ -48,12 +48,12 @@ MARGIN = 0.10
 
 @dataclass
 class Room:
-    """The plan's live bytes at each step, its peak, and where each FX node runs: a
+    """The plan's live bytes at each step, the cap under them, and where each FX node runs: a
     forward node at its value's step; in the backward, a backward node at its value's step
     and a recomputed forward node at the step its recomputation runs before."""
 
     timeline: list[int]
-    cap: int  # bytes: the plan's peak
+    cap: int  # bytes: the plan's peak less the margin
     forward_steps: Mapping[str, int]
     backward_steps: Mapping[str, int]
     held: list[int] = field(default_factory=list)  # bytes of dead buffers kept, per step
