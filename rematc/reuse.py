@@ -145,17 +145,17 @@ class Rule:
 
     def span(self, freed: int, taken: int) -> tuple[int, int] | None:
         """The plan steps a buffer dead after kernel ``freed`` is held over until kernel
-        ``taken`` allocates: from just after the freeing kernel's steps to just before the
-        taking kernel's, and every step of the kernels in between (a fused kernel's FX
-        nodes can lie far apart: the span only widens). None where an end maps to no step
-        and no kernel in between does either."""
+        ``taken`` allocates: from just after the freeing kernel's first step to just
+        before the taking kernel's last, and every step of the kernels in between (a
+        fused kernel's FX nodes can lie apart: the span only widens). None where no kernel
+        in between maps to a step and an end does not either."""
         kernels = self.kernels()
         inside = [s for s in kernels[freed + 1:taken] if s is not None]
         before, after = kernels[freed], kernels[taken]
+        if not inside and (before is None or after is None):
+            return None
         los = [lo for lo, _ in inside] + ([before[0] + 1] if before else [])
         his = [hi for _, hi in inside] + ([after[1] - 1] if after else [])
-        if not (los and his) or (not inside and (before is None or after is None)):
-            return None
         return min(los), max(his)
 
     def kernels(self) -> list[tuple[int, int] | None]:

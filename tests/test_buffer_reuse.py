@@ -2,7 +2,7 @@
 only where the plan's timeline has room for it under the plan's peak (rematc.reuse).
 
 The rule is checked on hand-made timelines and schedulers, on Inductor's own
-``AllocateLine`` method while a compile runs, and end to end: a small U-Net compiled by
+``AllocateLine`` method while a compile runs, and end to end: the test GPT compiled by
 Inductor under a budget reuses buffers across kernels and measures its predicted peak.
 """
 
