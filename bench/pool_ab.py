@@ -47,7 +47,7 @@ def measure(model_name: str, budget: str, rule: str, steps: int, batch: int | No
     counts = {"held": 0, "refused": 0}
 
     def allows(self: reuse.Rule, alloc: Any, free_line: Any, size: int) -> bool:
-        if alloc.comm_buffer or free_line.scheduler_node_index + 1 == alloc.scheduler_node_index:
+        if reuse.holds_nothing(alloc, free_line):
             return True
         if rule == "planned":
             ok = planned(self, alloc, free_line, size)

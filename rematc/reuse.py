@@ -117,6 +117,12 @@ def _origin_node(buffer: Any) -> Any:
     return get() if callable(get) else None
 
 
+def holds_nothing(alloc: Any, free_line: Any) -> bool:
+    """Reuse Inductor allows whatever the plan: by the very next kernel (nothing is
+    allocated between the free and the reuse), or of a communication buffer."""
+    return bool(alloc.comm_buffer) or free_line.scheduler_node_index + 1 == alloc.scheduler_node_index
+
+
 def current_scheduler() -> Any:
     """The scheduler of the graph Inductor is generating code for."""
     from torch._inductor.virtualized import V
@@ -136,7 +142,7 @@ class Rule:
     _kernels: tuple[Any, list[tuple[int, int] | None]] | None = None
 
     def allows(self, alloc: Any, free_line: Any, size: int) -> bool:
-        if alloc.comm_buffer or free_line.scheduler_node_index + 1 == alloc.scheduler_node_index:
+        if holds_nothing(alloc, free_line):
             return True
         if self.room is None or not self.inductor(alloc, free_line, size):
             return False
