@@ -92,16 +92,24 @@ def least_peak_free(problem: Problem, config: SolverConfig = SolverConfig(), *,
 
 
 def trimmed(problem: Problem, plan: Plan) -> Plan:
-    """``plan`` less each recomputation it keeps its peak without, dearest first (a checker
-    replay each; everything else the backward reads is saved, :func:`plan_with`)."""
+    """``plan`` less each recomputation it keeps its peak without, dearest first, in passes
+    until none can go (a checker replay each; everything else the backward reads is saved,
+    :func:`plan_with`). A drop can free another: a second pass looks again.
+
+    A plan that peaks lower than the canonical plan of its recomputations (CP-SAT's may
+    place them otherwise) is kept as it is unless a smaller set of recomputations reaches
+    its peak too."""
     peak = check(problem, plan).peak
     kept = set(plan.of(Decision.RECOMPUTE))
-    if check(problem, plan_with(problem, kept)).peak > peak:
-        return plan  # not the canonical plan of its recomputations: leave it as it is
-    for v in sorted(kept, key=lambda v: (-problem.nodes[v].time, v)):
-        if check(problem, plan_with(problem, kept - {v})).peak <= peak:
-            kept.discard(v)
-    return plan_with(problem, kept)
+    canonical = check(problem, plan_with(problem, kept)).peak <= peak
+    dropped = True
+    while dropped:
+        dropped = False
+        for v in sorted(kept, key=lambda v: (-problem.nodes[v].time, v)):
+            if check(problem, plan_with(problem, kept - {v})).peak <= peak:
+                kept.discard(v)
+                dropped = canonical = True
+    return plan_with(problem, kept) if canonical else plan
 
 
 def least_peak(restricted: Problem, config: SolverConfig, start: Plan) -> tuple[bool, Plan | None]:
