@@ -175,7 +175,8 @@ class RematPartitioner(CustomPartitionerFn):
         self.options = options
         self.share = share if share is not None else BudgetShare()
         # The last plan's live bytes per step and where its FX nodes run, for the buffer
-        # pool's rule under a budget (rematc.reuse); None before a plan or without a budget.
+        # pool's rule under a budget (rematc.reuse); None before a plan, without a budget or
+        # off Inductor.
         self.room: Room | None = None
 
     def uuid(self) -> str:
@@ -223,8 +224,9 @@ class RematPartitioner(CustomPartitionerFn):
             n.size for n in problem.nodes[: problem.n_forward] if n.keep and not n.resident
         )
         self.share.record(graph, holds)
-        self.room = room_of(problem, result.plan, report.timeline,
-                            [[n.name for n in group] for group in captured.groups])
+        if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
+            self.room = room_of(problem, result.plan, report.timeline,
+                                [[n.name for n in group] for group in captured.groups])
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:

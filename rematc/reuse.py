@@ -56,11 +56,10 @@ class Room:
     cap: int  # bytes: the plan's peak less the margin
     forward_steps: Mapping[str, int]
     backward_steps: Mapping[str, int]
-    held: list[int] = field(default_factory=list)  # bytes of dead buffers kept, per step
+    held: list[int] = field(init=False)  # bytes of dead buffers kept, per step
 
     def __post_init__(self) -> None:
-        if not self.held:
-            self.held = [0] * len(self.timeline)
+        self.held = [0] * len(self.timeline)
 
     def take(self, lo: int, hi: int, size: int) -> bool:
         """Hold ``size`` more bytes over steps ``lo..hi`` if every one has room for it."""
