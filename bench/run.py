@@ -98,7 +98,7 @@ def run_model(model: str, config_names: Sequence[str], args: argparse.Namespace)
             row["rss_peak_bytes"] = rss.get("rss_peak_bytes")
         row.setdefault("family", configs.family(name))
         rows.append(row)
-        print(f"  {name:<28} {_summary(row)}", flush=True)
+        print(f"  {name:<28} {row_line(row)}", flush=True)
         write_tables(model, rows, args)  # after every row: a crash keeps what ran
         if not todo and args.match and not matched:
             matched = True
@@ -122,7 +122,7 @@ def match_configs(rows: Sequence[dict[str, Any]]) -> list[str]:
 MATCHES: dict[str, str] = {}  # config name -> the PyTorch config whose peak it takes
 
 
-def _summary(row: dict[str, Any]) -> str:
+def row_line(row: dict[str, Any]) -> str:
     if not row.get("ok"):
         return f"failed: {row.get('error')}"
     text = f"peak {row['peak_bytes'] / MiB:8.1f} MiB  step {row['step_s']:.3f} s"
@@ -155,11 +155,11 @@ def write_tables(model: str, rows: Sequence[dict[str, Any]], args: argparse.Name
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: _csv_value(r.get(k)) for k in COLUMNS})
+            w.writerow({k: csv_value(r.get(k)) for k in COLUMNS})
     (out / f"{model}.md").write_text(markdown(model, rows, args) + summary.markdown(rows))
 
 
-def _csv_value(v: Any) -> Any:
+def csv_value(v: Any) -> Any:
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.6g}"
     return "" if v is None else v
@@ -259,8 +259,8 @@ def plot(model: str, rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def machine_info(argv: Sequence[str]) -> dict[str, Any]:
-    """What the numbers were measured on."""
+def machine_info(argv: Sequence[str], module: str = "bench.run") -> dict[str, Any]:
+    """What the numbers were measured on, and the command (``python -m <module> <argv>``)."""
     cpu = platform.processor()
     with contextlib.suppress(OSError, StopIteration):
         cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -296,11 +296,11 @@ def machine_info(argv: Sequence[str]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(), "memory_bytes": mem,
         "platform": platform.platform(), "python": platform.python_version(),
         "versions": versions, "rematc_commit": commit, "rematc_dirty": dirty,
-        "command": ["python", "-m", "bench.run", *_portable(argv)],
+        "command": ["python", "-m", module, *portable(argv)],
     }
 
 
-def _portable(argv: Sequence[str]) -> list[str]:
+def portable(argv: Sequence[str]) -> list[str]:
     """``argv`` with ``--out`` relative to the repository (no machine's paths recorded)."""
     out = list(argv)
     for i, a in enumerate(out[:-1]):
@@ -318,21 +318,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--match", action="store_true",
                    help="then rematc and its knapsack at each PyTorch configuration's measured peak")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--rss", action="store_true",
+                   help="cross-check the peak by RSS in a second process per configuration")
+    add_worker_options(p)
+    args = p.parse_args(argv)
+    for name in args.configs:
+        try:
+            configs.family(name)  # an unknown name fails now, not after an hour of runs
+        except ValueError as e:
+            p.error(str(e))
+    return args
+
+
+def add_worker_options(p: argparse.ArgumentParser) -> None:
+    """The options :func:`run_worker` reads: how each configuration's process measures."""
     p.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     p.add_argument("--warmup", type=int, default=2, help="steps before timing; the first compiles")
     p.add_argument("--batch", type=int, default=None, help="default: each model's benchmark batch")
     p.add_argument("--small", action="store_true", help="toy sizes of each model (tests)")
-    p.add_argument("--rss", action="store_true",
-                   help="cross-check the peak by RSS in a second process per configuration")
     p.add_argument("--rematc-compiler", choices=("inductor", "eager"), default="inductor")
     p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds per graph")
     p.add_argument("--workers", type=int, default=0, help="CP-SAT workers; 0 = 8, its full portfolio")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker; 0 = default")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
-    args = p.parse_args(argv)
-    for name in args.configs:
-        configs.family(name)  # an unknown name fails now, not after an hour of runs
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
