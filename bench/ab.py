@@ -48,10 +48,14 @@ class Point:
     peak: int  # bytes, the largest over the rounds
     steps: tuple[float, ...]  # seconds, each round's median step
     ratios: tuple[float, ...]  # each round's step / the first configuration's in that round
+    rounds: tuple[int, ...]  # the rounds those are from (a failed process leaves its out)
 
     @property
     def ratio(self) -> float:
         return statistics.median(self.ratios)
+
+    def by_round(self) -> dict[int, float]:
+        return dict(zip(self.rounds, self.ratios, strict=True))
 
 
 def order(config_names: Sequence[str], round_index: int) -> list[str]:
@@ -63,7 +67,7 @@ def order(config_names: Sequence[str], round_index: int) -> list[str]:
 def points(rows: Sequence[dict[str, Any]], config_names: Sequence[str]) -> list[Point]:
     """Per configuration, its rounds paired with the first configuration's.
 
-    A round where either process failed is left out of the pairing (and so of every ratio).
+    A round where either process failed is left out of that configuration's pairing.
     """
     base = config_names[0]
     by_round: dict[int, dict[str, dict[str, Any]]] = {}
@@ -72,12 +76,13 @@ def points(rows: Sequence[dict[str, Any]], config_names: Sequence[str]) -> list[
             by_round.setdefault(int(r["round"]), {})[r["config"]] = r
     out = []
     for name in config_names:
-        paired = [(rnd[name], rnd[base]) for _, rnd in sorted(by_round.items()) if name in rnd and base in rnd]
+        paired = [(i, rnd[name], rnd[base]) for i, rnd in sorted(by_round.items()) if name in rnd and base in rnd]
         if not paired:
             continue
-        out.append(Point(config=name, peak=max(int(r["peak_bytes"]) for r, _ in paired),
-                         steps=tuple(float(r["step_s"]) for r, _ in paired),
-                         ratios=tuple(float(r["step_s"]) / float(b["step_s"]) for r, b in paired)))
+        out.append(Point(config=name, peak=max(int(r["peak_bytes"]) for _, r, _ in paired),
+                         steps=tuple(float(r["step_s"]) for _, r, _ in paired),
+                         ratios=tuple(float(r["step_s"]) / float(b["step_s"]) for _, r, b in paired),
+                         rounds=tuple(i for i, _, _ in paired)))
     return out
 
 
@@ -87,8 +92,10 @@ def dominates(a: Point, b: Point) -> bool:
 
 
 def clearly_dominates(a: Point, b: Point) -> bool:
-    """``a`` dominates ``b`` and was the faster of the two in every round."""
-    return dominates(a, b) and all(x < y for x, y in zip(a.ratios, b.ratios, strict=True))
+    """``a`` dominates ``b`` and was the faster of the two in every round both ran."""
+    ra, rb = a.by_round(), b.by_round()
+    shared = ra.keys() & rb.keys()
+    return dominates(a, b) and bool(shared) and all(ra[i] < rb[i] for i in shared)
 
 
 def markdown(model: str, pts: Sequence[Point], args: argparse.Namespace, argv: Sequence[str]) -> str:

@@ -47,25 +47,29 @@ def test_a_failed_process_drops_its_round_from_the_pairing() -> None:
     rows = [row(0, "base", 2.0, 900), row(0, "x", 1.0, 800),
             row(1, "base", 2.0, 900, ok=False), row(1, "x", 5.0, 800)]
     base, x = ab.points(rows, ["base", "x"])
-    assert x.ratios == (0.5,) and base.ratios == (1.0,)
+    assert x.ratios == (0.5,) and base.ratios == (1.0,) and x.rounds == (0,)
+    # A configuration missing a round still compares with one that has it.
+    y = ab.Point("y", 700 * MiB, (1.0, 1.0), (0.4, 0.45), (0, 1))
+    assert ab.clearly_dominates(y, x) and not ab.clearly_dominates(x, y)
 
 
 def test_dominance_needs_no_more_memory_and_a_lower_median_ratio() -> None:
-    fast_small = ab.Point("p", 800, (1.0, 1.0, 1.0), (0.90, 0.91, 0.92))
-    slow_big = ab.Point("q", 900, (1.0, 1.0, 1.0), (0.95, 0.96, 0.90))
-    slow_small = ab.Point("r", 700, (1.0, 1.0, 1.0), (0.99, 0.99, 0.99))
+    three = (0, 1, 2)
+    fast_small = ab.Point("p", 800, (1.0, 1.0, 1.0), (0.90, 0.91, 0.92), three)
+    slow_big = ab.Point("q", 900, (1.0, 1.0, 1.0), (0.95, 0.96, 0.90), three)
+    slow_small = ab.Point("r", 700, (1.0, 1.0, 1.0), (0.99, 0.99, 0.99), three)
     assert ab.dominates(fast_small, slow_big)
     assert not ab.clearly_dominates(fast_small, slow_big)  # round 2: q was faster
     assert not ab.dominates(slow_big, fast_small)
     assert not ab.dominates(fast_small, slow_small)  # faster, but at more memory
-    clear = ab.Point("s", 800, (1.0, 1.0, 1.0), (0.80, 0.80, 0.80))
+    clear = ab.Point("s", 800, (1.0, 1.0, 1.0), (0.80, 0.80, 0.80), three)
     assert ab.clearly_dominates(clear, slow_big)
 
 
 def test_markdown_marks_who_dominates_whom() -> None:
-    pts = [ab.Point("base", 1000 * MiB, (2.0, 2.0), (1.0, 1.0)),
-           ab.Point("amb", 890 * MiB, (1.9, 1.8), (0.95, 0.90)),
-           ab.Point("rematc", 990 * MiB, (1.9, 2.0), (0.95, 1.0))]
+    pts = [ab.Point("base", 1000 * MiB, (2.0, 2.0), (1.0, 1.0), (0, 1)),
+           ab.Point("amb", 890 * MiB, (1.9, 1.8), (0.95, 0.90), (0, 1)),
+           ab.Point("rematc", 990 * MiB, (1.9, 2.0), (0.95, 1.0), (0, 1))]
     args = argparse.Namespace(configs=["base", "amb", "rematc"], rounds=2, steps=5, warmup=2, threads=1)
     text = ab.markdown("gpt_tiny", pts, args, ["--model", "gpt_tiny"])
     lines = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines() if ln.startswith("| ")}
