@@ -123,6 +123,7 @@ MATCHES: dict[str, str] = {}  # config name -> the PyTorch config whose peak it 
 
 
 def row_line(row: dict[str, Any]) -> str:
+    """One measured row as a progress line: peak and step, rematc's prediction and solve."""
     if not row.get("ok"):
         return f"failed: {row.get('error')}"
     text = f"peak {row['peak_bytes'] / MiB:8.1f} MiB  step {row['step_s']:.3f} s"
