@@ -48,7 +48,7 @@ class Point:
     peak: int  # bytes, the largest over the rounds
     steps: tuple[float, ...]  # seconds, each round's median step
     ratios: tuple[float, ...]  # each round's step / the first configuration's in that round
-    rounds: tuple[int, ...]  # the rounds those are from (a failed process leaves its out)
+    rounds: tuple[int, ...]  # the rounds those are from (a failed process leaves its round out)
 
     @property
     def ratio(self) -> float:
