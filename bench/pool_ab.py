@@ -9,9 +9,10 @@ costs or saves against the two it replaces, for the same model, budget and plan:
 * ``inductor``: Inductor's own rule (its estimate of the graph's peak).
 
 Each (round, rule) is a fresh process (``--one``), the rules alternating within a round,
-Inductor's caches off, one torch thread, rematc's plan cache off: step time is the median
-of ``--steps`` steps after two warm-up steps, the peak is ``rematc.memory.profiler_peak``
-of one more step. Prints a Markdown table.
+one torch thread, measured as ``bench.run`` measures (:func:`bench.worker.measure`,
+Inductor's and rematc's caches off): step time is the median of ``--steps`` steps after
+two warm-up steps, the peak is ``rematc.memory.profiler_peak`` of one more step. Prints
+a Markdown table.
 
     python -m bench.pool_ab --model unet --budget 80% --rounds 3
 """
@@ -24,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 RULES = ("next", "planned", "inductor")
@@ -32,14 +32,12 @@ RULES = ("next", "planned", "inductor")
 
 def measure(model_name: str, budget: str, rule: str, steps: int, batch: int | None,
             small: bool) -> dict[str, Any]:
-    """One process's measurement: the step with the pool under ``rule``."""
+    """One process's measurement: ``bench.worker``'s, with the pool under ``rule``."""
     import torch
     from torch._inductor.codegen.wrapper import AllocateLine
 
-    import rematc
     import rematc.reuse as reuse
-    from bench.models import make
-    from rematc.memory import profiler_peak
+    from bench import configs, worker
 
     torch.set_num_threads(1)
     inductor_rule = AllocateLine.should_reuse_buffer
@@ -57,22 +55,10 @@ def measure(model_name: str, budget: str, rule: str, steps: int, batch: int | No
         return ok
 
     reuse.Rule.allows = allows  # type: ignore[method-assign]
-    model, inputs = make(model_name, batch=batch, small=small)
-    compiled = rematc.compile(model, budget=budget, compiler="inductor", cache_dir=None)
-    for _ in range(2):
-        model.zero_grad(set_to_none=True)
-        compiled(*inputs).backward()
-    times = []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        compiled(*inputs).backward()
-        times.append(time.perf_counter() - t0)
-    model.zero_grad(set_to_none=True)
-    peak = profiler_peak(lambda: compiled(*inputs).backward())
-    record = rematc.records()[-1]
-    return {"rule": rule, "step": statistics.median(times), "peak": peak,
-            "predicted": record.predicted_peak, "budget": record.budget, **counts}
+    out = worker.measure(model_name, f"rematc_{budget}", batch=batch, steps=steps, warmup=2,
+                         mode="time", settings=configs.Settings(), small=small)
+    return {"rule": rule, "step": out["step_s"], "peak": out["peak_bytes"],
+            "predicted": out["predicted_peak_bytes"], "budget": out["budget_bytes"], **counts}
 
 
 def main() -> int:
