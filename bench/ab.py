@@ -23,7 +23,6 @@ Prints a Markdown table; ``--out DIR`` also writes ``<model>-ab.md``, ``<model>-
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -159,11 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{args.model}-ab.md").write_text(table)
-        with open(out / f"{args.model}-ab.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=("round", *run.COLUMNS), extrasaction="ignore")
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: run.csv_value(r.get(k)) for k in ("round", *run.COLUMNS)})
+        run.write_csv(out / f"{args.model}-ab.csv", rows, ("round", *run.COLUMNS))
         info = run.machine_info(argv, module="bench.ab")
         info["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
         (out / f"machine-{args.model}-ab.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -152,15 +152,20 @@ def write_tables(model: str, rows: Sequence[dict[str, Any]], args: argparse.Name
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = finish(rows)
-    with open(out / f"{model}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: csv_value(r.get(k)) for k in COLUMNS})
+    write_csv(out / f"{model}.csv", rows, COLUMNS)
     (out / f"{model}.md").write_text(markdown(model, rows, args) + summary.markdown(rows))
 
 
-def csv_value(v: Any) -> Any:
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """``rows`` as CSV, ``columns`` in order (missing values empty, floats to 6 digits)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _csv_value(r.get(k)) for k in columns})
+
+
+def _csv_value(v: Any) -> Any:
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.6g}"
     return "" if v is None else v
