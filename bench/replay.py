@@ -6,11 +6,13 @@ module's ``call`` and, at every line, sums the bytes of the distinct tensor stor
 that frame, leaving out what was alive before the step (parameters, buffers, inputs).
 Buffers allocated inside a kernel (a convolution's workspace) are not in the frame, so
 the replay's peak is at most the profiler's; where no kernel has a workspace they agree
-to a few bytes. Set the buffers alive at the replay's peak beside the plan's live set
-(``solvers.checker.value_intervals``) to find what the memory model does not follow
-(docs/inductor-memory.md).
+to a few bytes. It then prints the plan's own peak step and the values alive there
+(:func:`model_peak`, from ``solvers.checker.value_intervals``): set beside the buffers
+alive at the replay's peak, they show what the memory model does not follow
+(docs/inductor-memory.md). ``--knapsack`` plans with PyTorch's knapsack choice, as the
+benchmark's ``rematc_knapsack_<budget>`` rows do.
 
-    python -m bench.replay --model unet --batch 4 --budget 45% [--small] [--top 20]
+    python -m bench.replay --model unet --batch 4 --budget 45% [--small] [--top 20] [--knapsack]
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import torch
 import rematc
 from bench import configs, models
 from rematc.memory import profiler_peak
+from solvers.checker import check, value_intervals
+from solvers.plan import Plan
+from solvers.problem import Problem
 
 
 @dataclass
@@ -133,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--small", action="store_true", help="the model at toy sizes")
     p.add_argument("--top", type=int, default=20, help="buffers to list at each peak")
+    p.add_argument("--knapsack", action="store_true",
+                   help="plan with PyTorch's knapsack choice (bench.configs.use_knapsack), not CP-SAT")
     a = p.parse_args(argv)
     torch._inductor.config.force_disable_caches = True  # compile, so the modules are seen
+    if a.knapsack:
+        configs.use_knapsack()
     model, inputs = models.make(a.model, batch=a.batch, small=a.small)
     compiled = rematc.compile(model, budget=configs.rematc_budget(a.budget), compiler="inductor", cache_dir=None)
 
@@ -146,7 +155,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{peak.module}: {peak.nbytes:,} B at line {peak.line}: {peak.source[:160]}")
         for name, nbytes in peak.alive[:a.top]:
             print(f"    {name:<24} {nbytes:>14,}")
+    step, alive = model_peak(record.problem, record.plan)
+    print(f"\nthe plan's peak, step {step} ({record.problem.describe(step)}): "
+          f"{sum(n for _, n in alive):,} B in {len(alive)} values")
+    for name, nbytes in alive[:a.top]:
+        print(f"    {name:<24} {nbytes:>14,}")
     return 0
+
+
+def model_peak(problem: Problem, plan: Plan) -> tuple[int, list[tuple[str, int]]]:
+    """The checker's peak step of ``plan`` and the values alive there (FX names and
+    bytes, largest first): what to set beside the buffers the replay finds."""
+    step = check(problem, plan).peak_step
+    alive = [(problem.nodes[v].name, problem.nodes[v].size)
+             for v, spans in value_intervals(problem, plan).items()
+             if any(lo <= step <= hi for lo, hi in spans)]
+    return step, sorted(alive, key=lambda a: (-a[1], a[0]))
 
 
 if __name__ == "__main__":

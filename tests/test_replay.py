@@ -7,7 +7,10 @@ import torch
 
 import rematc
 from bench import models
-from bench.replay import replay_step
+from bench.replay import model_peak, replay_step
+from solvers import save_all
+from solvers.checker import check
+from tests.graphs import chain
 
 
 @pytest.mark.inductor
@@ -25,3 +28,17 @@ def test_replay_finds_the_profilers_peak_in_the_generated_code() -> None:
     assert top <= measured and measured - top <= 64, (top, measured)
     for p in peaks:
         assert sum(b for _, b in p.alive) == p.nbytes and p.source
+
+
+def test_model_peak_lists_what_the_checker_counts_at_its_peak() -> None:
+    """The values listed at the plan's peak step add up to the checker's peak there, the
+    largest first."""
+    p = chain()
+    plan = save_all(p).plan
+    assert plan is not None
+    step, alive = model_peak(p, plan)
+    report = check(p, plan)
+    assert step == report.peak_step
+    assert sum(b for _, b in alive) == report.peak
+    assert [b for _, b in alive] == sorted((b for _, b in alive), reverse=True)
+    assert {name for name, _ in alive} >= {"f0", "f1", "f2"}
