@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from solvers import local
+from solvers import local, window
 from solvers.checker import check
 from solvers.local import recomputable
 from solvers.plan import Plan, Step
@@ -85,6 +85,7 @@ from solvers.sat import (
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
 MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
 LOCAL_SHARE = 0.15  # of the time limit, for the local search before CP-SAT and again after
+WINDOW_SHARE = 0.35  # of the time limit, for the window polish (solvers.window) at the end
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,8 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES,
     """The model, hinted with the greedy's plan, and a configured solver
     (``config.step_gap`` as an absolute gap limit); the local search's best plan, from
     the same start in up to ``LOCAL_SHARE`` of the time limit, is kept as ``m.seed`` for
-    :func:`finish`. CP-SAT gets what is left less the same share again, for the polish.
+    :func:`finish`. CP-SAT gets what is left less the shares of :func:`finish`'s two
+    polishes.
 
     Why not hint the search's plan: CP-SAT then stayed near it (random n500 at 90%: 0.744%
     after 60 s against 0.701% from the greedy's)."""
@@ -333,7 +335,8 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES,
     hint(m, start)  # over budget, it still points the search at the right values
     solver = make_solver(config)
     # The model and its seed count against the time limit: the search gets what is left.
-    left = config.time_limit * (1 - LOCAL_SHARE) - spent(config, t0, config.time_limit * LOCAL_SHARE)
+    left = (config.time_limit * (1 - LOCAL_SHARE - WINDOW_SHARE)
+            - spent(config, t0, config.time_limit * LOCAL_SHARE))
     limit(solver, config, max(0.1, left))
     if config.step_gap > 0:
         step = problem.scale.time(sum(n.time for n in problem.nodes))
@@ -350,7 +353,9 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
     The best plan is CP-SAT's or the local search's seed, whichever adds less time; unless
     CP-SAT proved it optimal or the search was ``interrupted`` (Ctrl-C asks for the best
     plan now), the local search then starts from it for up to ``LOCAL_SHARE`` of the time
-    limit."""
+    limit, and last :func:`solvers.window.polish` re-solves windows of steps exactly for up
+    to ``WINDOW_SHARE``, where a value may be recomputed more than ``copies - 1`` times (the
+    bound stays this model's, over plans with at most ``copies`` copies)."""
     stats = search_stats(m.cp, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
@@ -360,7 +365,8 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {m.cp.validate()}")
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    bound = objective_seconds(m.tie_break, problem, solver.best_objective_bound) if found else 0.0
+    # CP-SAT's bound holds whether or not it found a plan (the local search may have).
+    bound = max(0.0, objective_seconds(m.tie_break, problem, solver.best_objective_bound))
     sources = [("CP-SAT", extract_plan(m, solver))] if found else []
     if m.seed is not None:
         sources.append(("local search", m.seed))
@@ -380,6 +386,11 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
         if better is not None and (after := check(problem, better)).added_time < report.added_time:
             plan, report = better, after
             stats["polished"] = 1
+        # Last: the local search keeps one recomputation per value, the windows do not.
+        better = window.polish(problem, plan, config, config.time_limit * WINDOW_SHARE)
+        if (after := check(problem, better)).added_time < report.added_time:
+            plan, report = better, after
+            stats["windows"] = 1
     return SolveResult(
         status=Status.OPTIMAL if optimal else Status.FEASIBLE,
         plan=plan, report=report, objective=report.added_time,

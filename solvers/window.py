@@ -1,0 +1,244 @@
+r"""Re-solve a window of steps exactly, the rest of a single-phase plan fixed.
+
+On the random layered graphs of the public benchmark the interval model of
+:mod:`solvers.anywhere` finds plans, but its bound stays far below them and it allows one
+recomputation per value (Moccasin's two copies). This model is the other classic
+formulation, Checkmate's, by value and step, but over a window of :math:`W` steps only:
+the plan outside the window is the incumbent's, and inside it any value may be dropped
+and recomputed as often as pays. Its LP is tight enough that CP-SAT proves a window of
+20-70 steps optimal in seconds (random n500 at 80%: steps 400-470 in 18 s, 3.420% to
+3.371%; n250 at 80%: steps 230-249 in 15 s, 5.047% to 5.008% with a value recomputed
+twice), where the interval model over the whole graph proves nothing in minutes.
+
+Notation. Window :math:`[a, b]`; :math:`\lambda_{v,k} \in \{0,1\}`: a copy of v is in
+memory at step k in the incumbent plan (:func:`solvers.checker.value_intervals`);
+:math:`e_v`: the last step v can be read at, by an op or by the recomputation of a
+reader (:func:`reach`); :math:`K_v = [\max(a, v), \min(b, e_v)]`; :math:`s_v, t_v` its
+bytes and seconds.
+
+Variables, for v with :math:`K_v \ne \emptyset`, :math:`k \in K_v`:
+
+* :math:`L_{v,k} \in \{0,1\}`: a copy of v is in memory at step k;
+* :math:`C_{v,k} \in \{0,1\}`, for recomputable v and :math:`k \ge v + 2`: v is recomputed
+  before step k (right after its own step it is still in memory).
+
+Constraint families (one ``add_*`` function each):
+
+* made:   :math:`L_{v,v} = 1`; :math:`L_{v,k} \le L_{v,k-1} + C_{v,k}`, with
+  :math:`L_{v,a-1} := \lambda_{v,a-1}`: a copy is in memory only from where it is made;
+  :math:`C_{v,k} \Rightarrow L_{v,k}` and :math:`C_{v,k} + L_{v,k-1} \le 1` (no
+  recomputation of a value in memory: the checker would serve the reads from the new copy
+  anyway, so it only costs);
+* read:   :math:`L_{v,u} = 1` for each op u in the window that reads v, and
+  :math:`C_{w,k} \Rightarrow L_{v,k}` for each v that w reads;
+* leave:  :math:`L_{v,b} = 1` where :math:`\lambda_{v,b+1} = 1` and the incumbent does not
+  recompute v before step b+1: the plan after the window reads what it did;
+* memory: :math:`\sum_v s_v L_{v,k} + f_k \le \lfloor B/q \rfloor` at each :math:`k \in
+  [a, b]`, :math:`f_k` the values no decision moves (kept to the end).
+
+Objective: :math:`\min T \sum t_v C_{v,k} + \sum C_{v,k}`, :math:`T = |C| + 1`.
+
+The plan is the incumbent's recomputations outside the window and :math:`\{(v, k) :
+C_{v,k}\}` inside. Reads before the window are the incumbent's and reads after it are
+served as they were (leave), so memory outside the window is at most the incumbent's; the
+checker frees a copy after its last read, so its peak inside is at most the model's
+(:math:`L` may stay 1 longer than needed). The checker judges the result either way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from solvers.checker import check, value_intervals
+from solvers.local import as_plan, recomputable
+from solvers.plan import Plan, Step
+from solvers.problem import Problem
+from solvers.result import SolverConfig
+from solvers.sat import limit, make_solver
+
+# Steps per window. On the random graphs at 80% a 32-step window is proven optimal in 3-5 s
+# (n500), so a pass covers the steps that matter within the polish's share; 70-step
+# windows (15-20 s each) used a 40 s share on three windows without a gain, and 24-step
+# ones miss n500's gain (steps 409-440, 3.420% to 3.371%).
+WIDTH = 32
+
+
+@dataclass
+class Window:
+    """The model of one window, with its variables named as in the math."""
+
+    problem: Problem
+    first: int  # a
+    last: int  # b
+    cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
+    L: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    C: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+
+
+def reach(problem: Problem) -> list[int]:
+    """:math:`e_v`: v's last reader's step, or later where a recomputation of a reader,
+    which may run as late as that reader's own reach, reads v."""
+    can = set(recomputable(problem))
+    out = [0] * len(problem.nodes)
+    for v in range(len(problem.nodes) - 1, -1, -1):
+        out[v] = max([problem.fixed_end(v), *(out[w] for w in problem.users[v] if w in can)])
+    return out
+
+
+def live(problem: Problem, plan: Plan) -> list[set[int]]:
+    """:math:`\\lambda`: the values in memory at each step under ``plan``."""
+    at: list[set[int]] = [set() for _ in problem.nodes]
+    for v, spans in value_intervals(problem, plan).items():
+        for lo, hi in spans:
+            for k in range(lo, hi + 1):
+                at[k].add(v)
+    return at
+
+
+def build(problem: Problem, plan: Plan, first: int, last: int, ends: list[int] | None = None) -> Window:
+    """The model of window ``[first, last]`` around ``plan`` (see the module docstring)."""
+    w = Window(problem, first, last)
+    ends = ends if ends is not None else reach(problem)
+    lam = live(problem, plan)
+    add_made(w, ends, lam)
+    add_read(w)
+    add_leave(w, plan, lam)
+    add_memory(w)
+    scale = problem.scale
+    added = sum(scale.time(problem.nodes[v].time) * c for (v, _), c in w.C.items())
+    w.cp.minimize((len(w.C) + 1) * added + sum(w.C.values()))
+    return w
+
+
+def add_made(w: Window, ends: list[int], lam: list[set[int]]) -> None:
+    """L_{v,v} = 1; L_{v,k} <= L_{v,k-1} + C_{v,k}; C_{v,k} => L_{v,k}; C_{v,k} + L_{v,k-1} <= 1."""
+    p, a = w.problem, w.first
+    can = set(recomputable(p))
+    for v, node in enumerate(p.nodes):
+        if node.resident or node.size == 0 or node.keep:
+            continue  # keep: in memory from its step to the end, in f_k
+        for k in range(max(a, v), min(w.last, ends[v]) + 1):
+            w.L[v, k] = w.cp.new_bool_var(f"L[{v},{k}]")
+            if k == v:
+                w.cp.add(w.L[v, k] == 1)
+                continue
+            before: cp_model.IntVar | int = w.L.get((v, k - 1), int(v in lam[k - 1]))
+            if v in can and k >= v + 2:
+                c = w.C[v, k] = w.cp.new_bool_var(f"C[{v},{k}]")
+                w.cp.add(w.L[v, k] <= before + c)
+                w.cp.add_implication(c, w.L[v, k])
+                w.cp.add(c + before <= 1)
+            else:
+                w.cp.add(w.L[v, k] <= before)
+
+
+def add_read(w: Window) -> None:
+    """L_{v,u} = 1 for an op u that reads v; C_{w,k} => L_{v,k} for v that w reads."""
+    p = w.problem
+    for u in range(w.first, w.last + 1):
+        for v in set(p.nodes[u].deps):
+            if (v, u) in w.L:
+                w.cp.add(w.L[v, u] == 1)
+    for (r, k), c in w.C.items():
+        for v in set(p.nodes[r].deps):
+            if (v, k) in w.L:
+                w.cp.add_implication(c, w.L[v, k])
+            elif not (p.nodes[v].resident or p.nodes[v].size == 0 or p.nodes[v].keep):
+                w.cp.add(c == 0)  # v cannot be in memory there
+
+
+def add_leave(w: Window, plan: Plan, lam: list[set[int]]) -> None:
+    """L_{v,b} = 1 where the incumbent has v in memory at b+1 and does not make it there."""
+    b = w.last
+    if b + 1 >= len(w.problem.nodes):
+        return
+    made_next = {s.node for s in plan.schedule if s.before == b + 1}
+    for v in lam[b + 1] - made_next:
+        if (v, b) in w.L:
+            w.cp.add(w.L[v, b] == 1)
+
+
+def add_memory(w: Window) -> None:
+    """Σ_v s_v L_{v,k} + f_k <= floor(B/q) at each step of the window."""
+    p = w.problem
+    scale = p.scale
+    capacity = scale.capacity(p.budget if p.budget is not None else sum(n.size for n in p.nodes))
+    kept = [v for v, n in enumerate(p.nodes) if n.keep and not n.resident and n.size]
+    for k in range(w.first, w.last + 1):
+        fixed = sum(scale.mem(p.nodes[v].size) for v in kept if v <= k)
+        terms = [scale.mem(p.nodes[v].size) * x for (v, j), x in w.L.items() if j == k]
+        w.cp.add(sum(terms) + fixed <= capacity)
+
+
+def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: SolverConfig, seconds: float,
+                 ends: list[int] | None = None) -> tuple[Plan | None, float]:
+    """The cheapest plan that keeps ``plan`` outside ``[first, last]`` found in ``seconds``
+    (hinted with ``plan``; None when CP-SAT found none), and the seconds it took: CP-SAT's
+    deterministic ones under ``config.deterministic``, else wall time."""
+    t0 = time.perf_counter()
+    w = build(problem, plan, first, last, ends)
+    made = {(s.node, s.before) for s in plan.schedule}
+    lam = live(problem, plan)
+    for (v, k), c in w.C.items():
+        w.cp.add_hint(c, (v, k) in made)
+    for (v, k), x in w.L.items():
+        w.cp.add_hint(x, v in lam[k])
+    solver = make_solver(config)
+    limit(solver, config, seconds)
+    code = solver.solve(w.cp)
+    took = solver.response_proto.deterministic_time if config.deterministic else time.perf_counter() - t0
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, took
+    outside = [s for s in plan.schedule if not first <= s.before <= last]
+    inside = [Step(v, k) for (v, k), c in w.C.items() if solver.value(c)]
+    return as_plan(outside + inside), took
+
+
+def windows(problem: Problem, plan: Plan, width: int) -> list[tuple[int, int]]:
+    """Windows of ``width`` steps, half-overlapping, over the steps from the first where the
+    plan recomputes or runs within 5% of the budget to the end; the ones where the plan
+    spends most recomputation time first."""
+    n = len(problem.nodes)
+    timeline = check(problem, plan).timeline
+    budget = problem.budget if problem.budget is not None else max(timeline, default=0)
+    hot = [k for k, m in enumerate(timeline) if m >= 0.95 * budget] + [s.before for s in plan.schedule]
+    if not hot or n < 2:
+        return []
+    start = max(1, min(hot) - width // 2)
+    stride = max(1, width // 2)
+    out = [(a, min(n - 1, a + width - 1)) for a in range(start, n, stride)]
+    out = [(a, b) for a, b in out if b - a >= 1]
+
+    def spent(w: tuple[int, int]) -> float:
+        return sum(problem.nodes[s.node].time for s in plan.schedule if w[0] <= s.before <= w[1])
+
+    return sorted(out, key=lambda w: (-spent(w), -w[0]))
+
+
+def polish(problem: Problem, plan: Plan, config: SolverConfig, seconds: float, *,
+           width: int | None = None) -> Plan:
+    """``plan`` improved window by window (:func:`windows`) for up to ``seconds`` (counted
+    as :func:`solve_window` counts them), each window's best accepted when the checker
+    finds it within budget and cheaper; passes repeat while a pass improves."""
+    left = seconds
+    width = width or WIDTH
+    ends = reach(problem)
+    cost = check(problem, plan).added_time
+    improved = True
+    while improved and left > 0.1:
+        improved = False
+        for first, last in windows(problem, plan, width):
+            if left <= 0.1:
+                break
+            # A window CP-SAT cannot close in a third of the share would starve the rest.
+            found, took = solve_window(problem, plan, first, last, config, min(left, seconds / 3), ends)
+            left -= took
+            if found is None:
+                continue
+            report = check(problem, found)
+            if report.fits and report.added_time < cost - 1e-12:
+                plan, cost, improved = found, report.added_time, True
+    return plan

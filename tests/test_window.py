@@ -1,0 +1,92 @@
+"""The window model (``solvers.window``): exact over its window against brute force, and
+the plan outside the window kept."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers import Plan, Problem, SolverConfig, Step, check, local, window
+from solvers.problem import node
+from tests.graphs import P
+from tests.test_anywhere import brute_force, three_reads
+
+CFG = SolverConfig(workers=1, time_limit=30.0)
+
+
+def best(problem: Problem, copies: int) -> float | None:
+    """The brute force's least added time within budget, None if no plan fits."""
+    assert problem.budget is not None
+    return min((o.added_time for o in brute_force(problem, copies) if o.peak <= problem.budget), default=None)
+
+
+def whole(problem: Problem, start: Plan) -> Plan | None:
+    """The window over every step: the model of the whole graph."""
+    found, _ = window.solve_window(problem, start, 0, problem.last_step, CFG, 30.0)
+    return found
+
+
+def test_a_value_recomputed_twice() -> None:
+    """Within 20 B ``a`` must be dead over both bursts: two recomputations, which the
+    interval model with two copies cannot express; the window over the graph finds them."""
+    p = three_reads().with_budget(20)
+    found = whole(p, Plan({}))
+    assert found is not None
+    assert [(s.node, s.before) for s in found.schedule] == [(0, 3), (0, 6)]
+    report = check(p, found)
+    assert report.fits and report.added_time == best(p, 3) == 2.0
+
+
+@st.composite
+def tiny_dags(draw: st.DrawFn) -> Problem:
+    """Up to 4 values, so the brute force can try every set of steps to recompute each
+    value before (any number of recomputations)."""
+    n = draw(st.integers(2, 4))
+    nodes = []
+    for i in range(n):
+        deps = draw(st.lists(st.integers(0, i - 1), max_size=2, unique=True)) if i else []
+        nodes.append(node(f"v{i}", *deps, size=draw(st.integers(0, 6)), time=float(draw(st.integers(0, 4))),
+                          recomputable=draw(st.integers(0, 4)) > 0))
+    return P(*nodes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tiny_dags(), st.integers(0, 100))
+def test_a_window_over_the_graph_is_exact(problem: Problem, pct: int) -> None:
+    """From no plan at all, the window over the whole graph finds the brute force's
+    optimum over any number of recomputations, or nothing when no plan fits."""
+    peak = check(problem, Plan({})).peak
+    p = problem.with_budget(peak * pct // 100)
+    optimum = best(p, len(p.nodes))
+    found = whole(p, Plan({}))
+    if optimum is None:
+        assert found is None
+        return
+    assert found is not None
+    report = check(p, found)
+    assert report.fits and report.added_time == pytest.approx(optimum)
+
+
+def test_the_plan_outside_the_window_is_kept() -> None:
+    """A window over the second burst only: ``a``'s recomputation before step 3 stays, and
+    the window adds the one before step 6."""
+    p = three_reads().with_budget(20)
+    start = local.as_plan([Step(0, 3)])
+    assert not check(p, start).fits
+    found, _ = window.solve_window(p, start, 4, 7, CFG, 30.0)
+    assert found is not None
+    assert [(s.node, s.before) for s in found.schedule] == [(0, 3), (0, 6)]
+    assert check(p, found).fits
+
+
+@settings(max_examples=15, deadline=None)
+@given(tiny_dags(), st.integers(30, 100))
+def test_the_polish_never_returns_a_dearer_plan(problem: Problem, pct: int) -> None:
+    p = problem.with_budget(check(problem, Plan({})).peak * pct // 100)
+    start = local.improve(p, Plan({}), seconds=1.0)
+    if start is None:
+        return
+    polished = window.polish(p, start, CFG, 10.0, width=2)
+    after, before = check(p, polished), check(p, start)
+    assert after.fits and after.added_time <= before.added_time
