@@ -167,9 +167,11 @@ def add_memory(w: Window) -> None:
     scale = p.scale
     capacity = scale.capacity(p.budget if p.budget is not None else sum(n.size for n in p.nodes))
     kept = [v for v, n in enumerate(p.nodes) if n.keep and not n.resident and n.size]
-    for k in range(w.first, w.last + 1):
+    at: dict[int, list[cp_model.LinearExprT]] = {k: [] for k in range(w.first, w.last + 1)}
+    for (v, k), x in w.L.items():
+        at[k].append(scale.mem(p.nodes[v].size) * x)
+    for k, terms in at.items():
         fixed = sum(scale.mem(p.nodes[v].size) for v in kept if v <= k)
-        terms = [scale.mem(p.nodes[v].size) * x for (v, j), x in w.L.items() if j == k]
         w.cp.add(sum(terms) + fixed <= capacity)
 
 
