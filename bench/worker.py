@@ -7,9 +7,10 @@ rematc's solver hook are process-wide; Inductor caches are off so every compile 
 the median is the compile time), the median of ``steps`` timed steps, then the peak of one
 more step by ``rematc.memory.profiler_peak``. ``--mode rss`` (started with
 ``MALLOC_MMAP_THRESHOLD_=65536``): warm-up, then the peak by ``rematc.memory.rss_peak``, as
-a cross-check. In both, ``zero_grad(set_to_none=True)`` runs before each step, outside the
-timed or measured region; the weights do not change between steps (no optimizer: every
-step computes the same loss).
+a cross-check. ``--mode ops``: as ``time``, then each op's self CPU time in one more
+step, profiled (``bench.ops``). In all, ``zero_grad(set_to_none=True)`` runs before each
+step, outside the timed or measured region; the weights do not change between steps (no
+optimizer: every step computes the same loss).
 
     python -m bench.worker --model gpt_tiny --config rematc_60% --rematc-compiler eager
 """
@@ -24,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,7 @@ def measure(model_name: str, config: str, *, batch: int | None, steps: int, warm
 
     times: list[float] = []
     first = math.nan
-    for k in range(max(1, warmup) + (steps if mode == "time" else 0)):
+    for k in range(max(1, warmup) + (steps if mode in ("time", "ops") else 0)):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         step()
@@ -71,18 +73,30 @@ def measure(model_name: str, config: str, *, batch: int | None, steps: int, warm
             times.append(elapsed)
     model.zero_grad(set_to_none=True)
     gc.collect()
-    if mode == "time":
+    if mode in ("time", "ops"):
         out["peak_bytes"] = profiler_peak(step)
         median = statistics.median(times) if times else math.nan
         out.update(first_step_s=first, step_s=median, step_min_s=min(times, default=math.nan),
                    step_times_s=times, compile_s=first - median)
     else:
         out["rss_peak_bytes"] = rss_peak(step)
+    if mode == "ops":
+        model.zero_grad(set_to_none=True)
+        out["ops"] = op_times(step)
     out["loss"] = float(built.fn(*inputs).detach())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     out["grad_norm"] = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else math.nan
     out.update(rematc_summary())
     return out
+
+
+def op_times(step: Callable[[], object]) -> dict[str, list[float]]:
+    """Each op's self CPU time in one profiled step, in seconds, and its calls: ``{name:
+    [seconds, calls]}``. Inductor's generated kernels have no op of their own; their time
+    is the self time of the generated module's call."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    return {e.key: [e.self_cpu_time_total / 1e6, e.count] for e in prof.key_averages() if e.self_cpu_time_total > 0}
 
 
 def rematc_summary() -> dict[str, Any]:
@@ -118,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=None, help="default: the model's benchmark batch")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--mode", choices=("time", "rss"), default="time")
+    p.add_argument("--mode", choices=("time", "rss", "ops"), default="time")
     p.add_argument("--small", action="store_true", help="toy sizes of the model (tests)")
     p.add_argument("--rematc-compiler", choices=("inductor", "eager"), default="inductor")
     p.add_argument("--time-limit", type=float, default=60.0)
