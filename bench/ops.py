@@ -4,8 +4,9 @@ Each configuration runs in a fresh ``bench/worker.py`` process (``--mode ops``: 
 and timed steps of ``bench.run``, then one step under the torch profiler), and the table
 lists the ops whose self time differs most from the first configuration's, with their
 calls, then the step's median and rematc's predicted added time. That sets what a plan's
-recomputations cost, op by op, beside what the device model charged for them; a step time
-in a table of separate runs moves by several percent between processes, the ops do not.
+recomputations cost, op by op, beside what the device model charged for them. Processes
+differ by a few percent (an op both configurations run equally often shows how much);
+the ops whose calls change show what the plan added.
 
 Inductor's generated kernels are not ops: their time is the generated module's call
 (``## Call CompiledFxGraph ##``), and a recomputation fused into a kernel shows there.
