@@ -76,6 +76,7 @@ class Window:
     cp: cp_model.CpModel = field(default_factory=cp_model.CpModel)
     L: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     C: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    lam: list[set[int]] = field(default_factory=list)  # λ: the incumbent's values in memory per step
 
 
 def reach(problem: Problem) -> list[int]:
@@ -100,12 +101,11 @@ def live(problem: Problem, plan: Plan) -> list[set[int]]:
 
 def build(problem: Problem, plan: Plan, first: int, last: int, ends: list[int] | None = None) -> Window:
     """The model of window ``[first, last]`` around ``plan`` (see the module docstring)."""
-    w = Window(problem, first, last)
+    w = Window(problem, first, last, lam=live(problem, plan))
     ends = ends if ends is not None else reach(problem)
-    lam = live(problem, plan)
-    add_made(w, ends, lam)
+    add_made(w, ends)
     add_read(w)
-    add_leave(w, plan, lam)
+    add_leave(w, plan)
     add_memory(w)
     scale = problem.scale
     added = sum(scale.time(problem.nodes[v].time) * c for (v, _), c in w.C.items())
@@ -113,7 +113,7 @@ def build(problem: Problem, plan: Plan, first: int, last: int, ends: list[int] |
     return w
 
 
-def add_made(w: Window, ends: list[int], lam: list[set[int]]) -> None:
+def add_made(w: Window, ends: list[int]) -> None:
     """L_{v,v} = 1; L_{v,k} <= L_{v,k-1} + C_{v,k}; C_{v,k} => L_{v,k}; C_{v,k} + L_{v,k-1} <= 1."""
     p, a = w.problem, w.first
     can = set(recomputable(p))
@@ -125,7 +125,7 @@ def add_made(w: Window, ends: list[int], lam: list[set[int]]) -> None:
             if k == v:
                 w.cp.add(w.L[v, k] == 1)
                 continue
-            before: cp_model.IntVar | int = w.L.get((v, k - 1), int(v in lam[k - 1]))
+            before: cp_model.IntVar | int = w.L.get((v, k - 1), int(v in w.lam[k - 1]))
             if v in can and k >= v + 2:
                 c = w.C[v, k] = w.cp.new_bool_var(f"C[{v},{k}]")
                 w.cp.add(w.L[v, k] <= before + c)
@@ -150,13 +150,13 @@ def add_read(w: Window) -> None:
                 w.cp.add(c == 0)  # v cannot be in memory there
 
 
-def add_leave(w: Window, plan: Plan, lam: list[set[int]]) -> None:
+def add_leave(w: Window, plan: Plan) -> None:
     """L_{v,b} = 1 where the incumbent has v in memory at b+1 and does not make it there."""
     b = w.last
     if b + 1 >= len(w.problem.nodes):
         return
     made_next = {s.node for s in plan.schedule if s.before == b + 1}
-    for v in lam[b + 1] - made_next:
+    for v in w.lam[b + 1] - made_next:
         if (v, b) in w.L:
             w.cp.add(w.L[v, b] == 1)
 
@@ -183,11 +183,10 @@ def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: So
     t0 = time.perf_counter()
     w = build(problem, plan, first, last, ends)
     made = {(s.node, s.before) for s in plan.schedule}
-    lam = live(problem, plan)
     for (v, k), c in w.C.items():
         w.cp.add_hint(c, (v, k) in made)
     for (v, k), x in w.L.items():
-        w.cp.add_hint(x, v in lam[k])
+        w.cp.add_hint(x, v in w.lam[k])
     solver = make_solver(config)
     limit(solver, config, seconds)
     code = solver.solve(w.cp)
