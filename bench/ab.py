@@ -34,7 +34,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as ``python bench/ab.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import configs, models, run
+from bench import models, run
 
 MiB = 2**20
 
@@ -131,11 +131,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         p.error("--configs: two or more distinct configurations")
     if args.rounds < 1:
         p.error("--rounds: at least 1")
-    for name in args.configs:
-        try:
-            configs.family(name)  # an unknown name fails now, not after the first rounds
-        except ValueError as e:
-            p.error(str(e))
+    run.check_configs(p, args.configs)
     return args
 
 

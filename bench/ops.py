@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import configs, models
-from bench.run import add_worker_options, machine_info, run_worker
+from bench import models
+from bench.run import add_worker_options, check_configs, machine_info, run_worker
 
 TOP = 12  # ops listed
 
@@ -74,11 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for <model>-ops.md, <model>-ops.json and the machine")
     add_worker_options(p)
     args = p.parse_args(argv)
-    for name in args.configs:
-        try:
-            configs.family(name)  # an unknown name fails now, not after the first process
-        except ValueError as e:
-            p.error(str(e))
+    check_configs(p, args.configs)
     rows = []
     for name in args.configs:
         print(f"{name} ...", file=sys.stderr, flush=True)

@@ -328,12 +328,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="cross-check the peak by RSS in a second process per configuration")
     add_worker_options(p)
     args = p.parse_args(argv)
-    for name in args.configs:
+    check_configs(p, args.configs)
+    return args
+
+
+def check_configs(p: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """A usage error for an unknown configuration name, before any process runs (not
+    after an hour of runs)."""
+    for name in names:
         try:
-            configs.family(name)  # an unknown name fails now, not after an hour of runs
+            configs.family(name)
         except ValueError as e:
             p.error(str(e))
-    return args
 
 
 def add_worker_options(p: argparse.ArgumentParser) -> None:
