@@ -90,3 +90,18 @@ def test_the_polish_never_returns_a_dearer_plan(problem: Problem, pct: int) -> N
     polished = window.polish(p, start, CFG, 10.0, width=2)
     after, before = check(p, polished), check(p, start)
     assert after.fits and after.added_time <= before.added_time
+
+
+@pytest.mark.parametrize(("budget", "kept"), [(24, [(0, 3)]), (20, [(0, 3), (0, 6)])])
+def test_a_recomputation_in_the_window_of_a_value_dropped_before_it(budget: int, kept: list[tuple[int, int]]) -> None:
+    """The window [6, 7] reads ``a``, which the incumbent drops after step 3 and recomputes
+    before 6. Within 24 B the window keeps the copy over steps 4-5 instead (a bridge: 20 B
+    of the second burst at step 5, plus ``a``'s 4); within 20 B that copy does not fit at
+    step 5, before the window, so the recomputation stays."""
+    p = three_reads().with_budget(budget)
+    start = local.as_plan([Step(0, 3), Step(0, 6)])
+    assert check(p, start).fits
+    found, _ = window.solve_window(p, start, 6, 7, CFG, 30.0)
+    assert found is not None
+    assert [(s.node, s.before) for s in found.schedule] == kept
+    assert check(p, found).fits
