@@ -388,9 +388,10 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
             stats["polished"] = 1
         # Last: the local search keeps one recomputation per value, the windows do not.
         # They get what is left of the limit: the local search often stops early.
-        share = config.time_limit * WINDOW_SHARE
-        left = share if config.deterministic else config.time_limit - (time.perf_counter() - started)
-        better = window.polish(problem, plan, config, max(share, left))
+        left = config.time_limit * WINDOW_SHARE
+        if not config.deterministic:  # less a second: CP-SAT's workers take a while to stop
+            left = config.time_limit - (time.perf_counter() - started) - 1.0
+        better = window.polish(problem, plan, config, max(0.0, left))
         if (after := check(problem, better)).added_time < report.added_time:
             plan, report = better, after
             stats["windows"] = 1

@@ -247,7 +247,8 @@ def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: So
     for b in w.B.values():
         w.cp.add_hint(b, False)
     solver = make_solver(config)
-    limit(solver, config, seconds)
+    # Building a wide window's model takes a while: it counts against ``seconds`` too.
+    limit(solver, config, seconds if config.deterministic else max(0.05, seconds - (time.perf_counter() - t0)))
     code = solver.solve(w.cp)
     took = solver.response_proto.deterministic_time if config.deterministic else time.perf_counter() - t0
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -288,10 +289,10 @@ def polish(problem: Problem, plan: Plan, config: SolverConfig, seconds: float, *
     width = width or WIDTH
     ends = reach(problem)
     cost = check(problem, plan).added_time
-    while left > 0.1:
+    while left > 0.5:
         improved = False
         for first, last in windows(problem, plan, width):
-            if left <= 0.1:
+            if left <= 0.5:
                 break
             # A window CP-SAT cannot close in a third of the share would starve the rest.
             found, took = solve_window(problem, plan, first, last, config, min(left, seconds / 3), ends)
