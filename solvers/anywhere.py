@@ -85,7 +85,7 @@ from solvers.sat import (
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
 MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
 LOCAL_SHARE = 0.15  # of the time limit, for the local search before CP-SAT and again after
-WINDOW_SHARE = 0.35  # of the time limit, for the window polish (solvers.window) at the end
+WINDOW_SHARE = 0.35  # of the time limit, kept for the window polish (solvers.window) at the end
 
 
 @dataclass(frozen=True)
@@ -353,9 +353,11 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
     The best plan is CP-SAT's or the local search's seed, whichever adds less time; unless
     CP-SAT proved it optimal or the search was ``interrupted`` (Ctrl-C asks for the best
     plan now), the local search then starts from it for up to ``LOCAL_SHARE`` of the time
-    limit, and last :func:`solvers.window.polish` re-solves windows of steps exactly for up
-    to ``WINDOW_SHARE``, where a value may be recomputed more than ``copies - 1`` times (the
-    bound stays this model's, over plans with at most ``copies`` copies)."""
+    limit, and last :func:`solvers.window.polish` re-solves windows of steps exactly for
+    what is left of the limit (``WINDOW_SHARE`` of it under ``config.deterministic``,
+    where the clock must not count), where a value may be recomputed more than
+    ``copies - 1`` times (the bound stays this model's, over plans with at most
+    ``copies`` copies)."""
     stats = search_stats(m.cp, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None

@@ -5,10 +5,11 @@ On the random layered graphs of the public benchmark the interval model of
 recomputation per value (Moccasin's two copies). This model is the other classic
 formulation, Checkmate's, by value and step, but over a window of :math:`W` steps only:
 the plan outside the window is the incumbent's, and inside it any value may be dropped
-and recomputed as often as pays. Its LP is tight enough that CP-SAT proves a window of
-20-70 steps optimal in seconds (random n500 at 80%: steps 400-470 in 18 s, 3.420% to
-3.371%; n250 at 80%: steps 230-249 in 15 s, 5.047% to 5.008% with a value recomputed
-twice), where the interval model over the whole graph proves nothing in minutes.
+and recomputed as often as pays. Over the values the incumbent holds around the window
+(:math:`V_W` below) CP-SAT proves a window of 32 steps optimal in 0.1-3 s (random n250 at
+80%: steps 218-249, 5.008% to 4.897% with a value recomputed twice and another kept
+instead of recomputed, the bridge family), where the interval model over the whole graph
+proves nothing in minutes.
 
 Notation. Window :math:`[a, b]`; :math:`\lambda_{v,k} \in \{0,1\}`: a copy of v is in
 memory at step k in the incumbent plan (:func:`solvers.checker.value_intervals`);
@@ -75,10 +76,11 @@ from solvers.problem import Problem
 from solvers.result import SolverConfig
 from solvers.sat import limit, make_solver
 
-# Steps per window. On the random graphs at 80% a 32-step window is proven optimal in 3-5 s
-# (n500), so a pass covers the steps that matter within the polish's share; 70-step
-# windows (15-20 s each) used a 40 s share on three windows without a gain, and 24-step
-# ones miss n500's gain (steps 409-440, 3.420% to 3.371%).
+# Steps per window, to start with. On the random graphs at 80% a 32-step window is proven
+# optimal in 0.1-3 s, so a pass covers the steps that matter within seconds; 24-step ones
+# missed n500's first gain (steps 409-440, 3.420% to 3.371%). The polish doubles the width
+# when a pass finds nothing: n250 at 80% has a 4.897% plan 53 steps away from one of its
+# 5.008% plans (a 64-step window finds it in about 30 s, more than the polish has).
 WIDTH = 32
 
 
@@ -259,9 +261,11 @@ def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: So
 
 
 def windows(problem: Problem, plan: Plan, width: int) -> list[tuple[int, int]]:
-    """Windows of ``width`` steps, half-overlapping, over the steps from the first where the
-    plan recomputes or runs within 5% of the budget to the end; the ones where the plan
-    spends most recomputation time first."""
+    """Windows of ``width`` steps, one every quarter width, over the steps from the first
+    where the plan recomputes or runs within 5% of the budget to the end; the ones where
+    the plan spends most recomputation time first. A gain needs one window to cover all
+    its changes: at this stride every span of three quarters of the width lies in one
+    (half-overlapping windows cover half), and a restricted window takes 0.1-3 s."""
     n = len(problem.nodes)
     timeline = check(problem, plan).timeline
     budget = problem.budget if problem.budget is not None else max(timeline, default=0)
