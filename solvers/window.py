@@ -275,7 +275,7 @@ def windows(problem: Problem, plan: Plan, width: int) -> list[tuple[int, int]]:
     start = max(1, min(hot) - width // 2)
     stride = max(1, width // 4)
     out = [(a, min(n - 1, a + width - 1)) for a in range(start, n, stride)]
-    out = [(a, b) for a, b in out if b - a >= 1]
+    out = sorted({(a, b) for a, b in out if b >= a})
 
     def spent(w: tuple[int, int]) -> float:
         return sum(problem.nodes[s.node].time for s in plan.schedule if w[0] <= s.before <= w[1])
