@@ -293,7 +293,7 @@ def polish(problem: Problem, plan: Plan, config: SolverConfig, seconds: float, *
     width = width or WIDTH
     ends = reach(problem)
     cost = check(problem, plan).added_time
-    while left > 0.5:
+    while left > 0.5:  # under half a second a wide window's model alone may use it up
         improved = False
         for first, last in windows(problem, plan, width):
             if left <= 0.5:
