@@ -72,7 +72,7 @@ from ortools.sat.python import cp_model
 from solvers.checker import check, value_intervals
 from solvers.local import as_plan, recomputable
 from solvers.plan import Plan, Step
-from solvers.problem import Problem
+from solvers.problem import Node, Problem
 from solvers.result import SolverConfig
 from solvers.sat import limit, make_solver
 
@@ -96,6 +96,17 @@ class Window:
     C: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     lam: list[set[int]] = field(default_factory=list)  # λ: the incumbent's values in memory per step
     B: dict[int, cp_model.IntVar] = field(default_factory=dict)
+
+
+def unmoved(node: Node) -> bool:
+    """No decision moves this value in memory: resident, empty, or kept to the end (f_k)."""
+    return node.resident or node.size == 0 or node.keep
+
+
+def capacity(problem: Problem) -> int:
+    """floor(B/q): the budget in memory units (no budget: every byte)."""
+    budget = problem.budget if problem.budget is not None else sum(n.size for n in problem.nodes)
+    return problem.scale.capacity(budget)
 
 
 def reach(problem: Problem) -> list[int]:
@@ -148,17 +159,17 @@ def add_bridge(w: Window, plan: Plan) -> None:
     gap: dict[int, list[cp_model.LinearExprT]] = {}
     for v in sorted(reads):
         node = p.nodes[v]
-        if v >= a or v in w.lam[a - 1] or node.resident or node.size == 0 or node.keep:
+        if v >= a or v in w.lam[a - 1] or unmoved(node):
             continue
         last = max(k for k in range(v, a) if v in w.lam[k])  # g_v
         b = w.B[v] = w.cp.new_bool_var(f"B[{v}]")
         for k in range(last + 1, a):
             gap.setdefault(k, []).append(p.scale.mem(node.size) * b)
     timeline = check(p, plan).timeline
-    capacity = p.scale.capacity(p.budget if p.budget is not None else sum(n.size for n in p.nodes))
+    cap = capacity(p)
     for k, terms in gap.items():
         # m_k in units, rounded up: never below the bytes the checker counts there.
-        w.cp.add(sum(terms) + p.scale.mem(timeline[k]) <= capacity)
+        w.cp.add(sum(terms) + p.scale.mem(timeline[k]) <= cap)
 
 
 def held(problem: Problem, lam: list[set[int]], first: int, last: int) -> set[int]:
@@ -175,8 +186,7 @@ def add_made(w: Window, ends: list[int], values: set[int]) -> None:
     p, a = w.problem, w.first
     can = set(recomputable(p))
     for v in sorted(values):
-        node = p.nodes[v]
-        if node.resident or node.size == 0 or node.keep:
+        if unmoved(p.nodes[v]):
             continue  # keep: in memory from its step to the end, in f_k
         for k in range(max(a, v), min(w.last, ends[v]) + 1):
             w.L[v, k] = w.cp.new_bool_var(f"L[{v},{k}]")
@@ -205,7 +215,7 @@ def add_read(w: Window) -> None:
         for v in set(p.nodes[r].deps):
             if (v, k) in w.L:
                 w.cp.add_implication(c, w.L[v, k])
-            elif not (p.nodes[v].resident or p.nodes[v].size == 0 or p.nodes[v].keep):
+            elif not unmoved(p.nodes[v]):
                 w.cp.add(c == 0)  # v cannot be in memory there
 
 
@@ -224,14 +234,14 @@ def add_memory(w: Window) -> None:
     """Σ_v s_v L_{v,k} + f_k <= floor(B/q) at each step of the window."""
     p = w.problem
     scale = p.scale
-    capacity = scale.capacity(p.budget if p.budget is not None else sum(n.size for n in p.nodes))
+    cap = capacity(p)
     kept = [v for v, n in enumerate(p.nodes) if n.keep and not n.resident and n.size]
     at: dict[int, list[cp_model.LinearExprT]] = {k: [] for k in range(w.first, w.last + 1)}
     for (v, k), x in w.L.items():
         at[k].append(scale.mem(p.nodes[v].size) * x)
     for k, terms in at.items():
         fixed = sum(scale.mem(p.nodes[v].size) for v in kept if v <= k)
-        w.cp.add(sum(terms) + fixed <= capacity)
+        w.cp.add(sum(terms) + fixed <= cap)
 
 
 def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: SolverConfig, seconds: float,
