@@ -6,7 +6,7 @@ recomputation per value (Moccasin's two copies). This model is the other classic
 formulation, Checkmate's, by value and step, but over a window of :math:`W` steps only:
 the plan outside the window is the incumbent's, and inside it any value may be dropped
 and recomputed as often as pays. Over the values the incumbent holds around the window
-(:math:`V_W` below) CP-SAT proves a window of 32 steps optimal in 0.1-3 s (random n250 at
+(:math:`V_W` below) CP-SAT proves a window of 32 steps optimal in 0.1-5 s (random n250 at
 80%: steps 218-249, 5.008% to 4.897% with a value recomputed twice and another kept
 instead of recomputed, the bridge family), where the interval model over the whole graph
 proves nothing in minutes.
@@ -31,17 +31,25 @@ Variables, for :math:`v \in V_W` with :math:`K_v \ne \emptyset`, :math:`k \in K_
 
 Constraint families (one ``add_*`` function each):
 
+* release: for v whose copy in memory at a-1 the incumbent makes by a recomputation
+  before step :math:`h_v < a` and reads nowhere in :math:`[h_v, a-1]`, :math:`D_v \in
+  \{0,1\}`: that recomputation is undone (:math:`-t_v` in the objective) and the copy is
+  not in memory at a-1. Without it such a copy pins memory at the start of the window:
+  on n250 at 80% the 5.008% plan recomputes a value before step 196 that nothing reads
+  before step 208, and the 4.897% plan needs it made at 205; no window of that plan
+  moved it (over [203, 249] the window was proven optimal at 5.008% without this
+  family, and reaches 4.897% with it);
 * bridge: for v < a that the incumbent drops before the window (:math:`\lambda_{v,a-1} =
   0`) and reads in it (by an op, or by a recomputation it runs there),
   :math:`B_v \in \{0,1\}`: the copy the incumbent frees after :math:`g_v`, its last step
-  in memory before a, is kept instead, and :math:`m_k + \sum_v s_v B_v \le \lfloor B/q
-  \rfloor` at each :math:`k \in (g_v, a-1]`. Without it a recomputation inside the window
-  of a value dropped before it can move, never be undone: the plan at 4.897% on n250 at
-  80% keeps a value the 5.008% plan recomputes at step 238, and no window of that plan
-  held it;
+  in memory before a, is kept instead, and :math:`m_k + \sum_v s_v B_v - \sum_{v: h_v \le
+  k} s_v D_v \le \lfloor B/q \rfloor` at each :math:`k \in (g_v, a-1]`. Without it a
+  recomputation inside the window of a value dropped before it can move, never be
+  undone: the plan at 4.897% on n250 at 80% keeps a value the 5.008% plan recomputes at
+  step 238, and no window of that plan held it;
 * made:   :math:`L_{v,v} = 1`; :math:`L_{v,k} \le L_{v,k-1} + C_{v,k}`, with
-  :math:`L_{v,a-1} := B_v` where bridged, else :math:`\lambda_{v,a-1}`: a copy is in
-  memory only from where it is made;
+  :math:`L_{v,a-1} := B_v` where bridged, :math:`1 - D_v` where released, else
+  :math:`\lambda_{v,a-1}`: a copy is in memory only from where it is made;
   :math:`C_{v,k} \Rightarrow L_{v,k}` and :math:`C_{v,k} + L_{v,k-1} \le 1` (no
   recomputation of a value in memory: the checker would serve the reads from the new copy
   anyway, so it only costs);
@@ -49,17 +57,25 @@ Constraint families (one ``add_*`` function each):
   :math:`C_{w,k} \Rightarrow L_{v,k}` for each v that w reads;
 * leave:  :math:`L_{v,b} = 1` where :math:`\lambda_{v,b+1} = 1` and the incumbent does not
   recompute v before step b+1: the plan after the window reads what it did;
+* free:   :math:`L_{v,k} \le \rho_{v,k} + L_{v,k+1} - C_{v,k+1}` for :math:`k > v` where
+  no op reads v at k, :math:`\rho_{v,k} = \sum_{w \ni v} C_{w,k}` the recomputations
+  at k that read v, and :math:`L_{v,b+1} := 1` where leave holds v, else 0: a copy stays
+  only until its last read, as the checker frees it. Implied at an optimum (a plan with
+  longer copies is no cheaper), it removes those copies' many equal-cost solutions and
+  tightens the memory rows (random n250 at 80%, window [208, 249]: the 4.897% plan found
+  after 1.9-2.0 s over two seeds, 4.1-16.2 s without);
 * memory: :math:`\sum_v s_v L_{v,k} + f_k \le \lfloor B/q \rfloor` at each :math:`k \in
   [a, b]`, :math:`f_k` the values no decision moves (kept to the end).
 
-Objective: :math:`\min T \sum t_v C_{v,k} + \sum C_{v,k}`, :math:`T = |C| + 1`.
+Objective: :math:`\min T (\sum t_v C_{v,k} - \sum t_v D_v) + \sum C_{v,k} - \sum D_v`,
+:math:`T = |C| + |D| + 1`: the least added time, then the fewest recomputations.
 
-The plan is the incumbent's recomputations outside the window and :math:`\{(v, k) :
-C_{v,k}\}` inside. Reads before the window are the incumbent's and reads after it are
-served as they were (leave), so memory after the window is at most the incumbent's, and
-before it at most the incumbent's plus the bridged copies (bridge); the
-checker frees a copy after its last read, so its peak inside is at most the model's
-(:math:`L` may stay 1 longer than needed). The checker judges the result either way.
+The plan is the incumbent's recomputations outside the window, less the released ones,
+and :math:`\{(v, k) : C_{v,k}\}` inside. Reads before the window are the incumbent's
+(a released copy served none) and reads after it are served as they were (leave), so
+memory after the window is at most the incumbent's, and before it at most the
+incumbent's plus the bridged copies less the released ones (bridge); inside, the
+model's memory is the checker's (free). The checker judges the result either way.
 """
 
 from __future__ import annotations
@@ -77,10 +93,11 @@ from solvers.result import SolverConfig
 from solvers.sat import limit, make_solver
 
 # Steps per window, to start with. On the random graphs at 80% a 32-step window is proven
-# optimal in 0.1-3 s, so a pass covers the steps that matter within seconds; 24-step ones
-# missed n500's first gain (steps 409-440, 3.420% to 3.371%). The polish doubles the width
-# when a pass finds nothing: n250 at 80% has a 4.897% plan 53 steps away from one of its
-# 5.008% plans (a 64-step window finds it in about 30 s, more than the polish has).
+# optimal in 0.1-5 s, so a pass covers the steps that matter within seconds; 24-step ones
+# missed n500's first gain (steps 409-440, 3.420% to 3.371%). The polish widens windows by
+# half when a pass finds nothing: n250 at 80% has a 4.897% plan that differs from one of
+# its 5.008% plans from step 205 to 248 (given the release family), which a 48-step window
+# over [202, 249] finds in 2-20 s.
 WIDTH = 32
 
 
@@ -96,6 +113,8 @@ class Window:
     C: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     lam: list[set[int]] = field(default_factory=list)  # λ: the incumbent's values in memory per step
     B: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    D: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    made_at: dict[int, int] = field(default_factory=dict)  # h_v: where the copy D_v undoes is made
 
 
 def unmoved(node: Node) -> bool:
@@ -133,15 +152,41 @@ def build(problem: Problem, plan: Plan, first: int, last: int, ends: list[int] |
     """The model of window ``[first, last]`` around ``plan`` (see the module docstring)."""
     w = Window(problem, first, last, lam=live(problem, plan))
     ends = ends if ends is not None else reach(problem)
+    add_release(w, plan)
     add_bridge(w, plan)
     add_made(w, ends, held(problem, w.lam, first, last))
     add_read(w)
     add_leave(w, plan)
+    add_free(w, plan)
     add_memory(w)
     scale = problem.scale
-    added = sum(scale.time(problem.nodes[v].time) * c for (v, _), c in w.C.items())
-    w.cp.minimize((len(w.C) + 1) * added + sum(w.C.values()))
+    added = (sum(scale.time(problem.nodes[v].time) * c for (v, _), c in w.C.items())
+             - sum(scale.time(problem.nodes[v].time) * d for v, d in w.D.items()))
+    count = sum(w.C.values()) - sum(w.D.values())  # in [-|D|, |C|]
+    w.cp.minimize((len(w.C) + len(w.D) + 1) * added + count)
     return w
+
+
+def add_release(w: Window, plan: Plan) -> None:
+    """D_v: the incumbent's recomputation of v before h_v < a, whose copy is in memory
+    over [h_v, a-1] and read nowhere there, is undone: L_{v,a-1} := 1 - D_v."""
+    p, a = w.problem, w.first
+    if a == 0:
+        return
+    read_at: dict[int, set[int]] = {}
+    for s in plan.schedule:
+        for v in p.nodes[s.node].deps:
+            read_at.setdefault(v, set()).add(s.before)
+    for s in plan.schedule:
+        v, h = s.node, s.before
+        if h >= a or not all(v in w.lam[k] for k in range(h, a)):
+            continue  # not the copy in memory at a-1 (the latest one made before a is)
+        if any(h <= u < a for u in p.users[v]) or any(h <= k < a for k in read_at.get(v, ())):
+            continue
+        if v in w.D and w.made_at[v] > h:
+            continue
+        w.D[v] = w.cp.new_bool_var(f"D[{v}]")
+        w.made_at[v] = h
 
 
 def add_bridge(w: Window, plan: Plan) -> None:
@@ -168,6 +213,8 @@ def add_bridge(w: Window, plan: Plan) -> None:
     timeline = check(p, plan).timeline
     cap = capacity(p)
     for k, terms in gap.items():
+        # An undone copy frees its bytes from h_v on (sizes are whole units: exact).
+        terms += [-p.scale.mem(p.nodes[v].size) * d for v, d in w.D.items() if w.made_at[v] <= k]
         # m_k in units, rounded up: never below the bytes the checker counts there.
         w.cp.add(sum(terms) + p.scale.mem(timeline[k]) <= cap)
 
@@ -193,8 +240,11 @@ def add_made(w: Window, ends: list[int], values: set[int]) -> None:
             if k == v:
                 w.cp.add(w.L[v, k] == 1)
                 continue
-            # Only at k = a is L_{v,k-1} outside the window: a bridge, or the incumbent's.
-            before: cp_model.IntVar | int = w.L.get((v, k - 1), w.B.get(v, int(v in w.lam[k - 1])))
+            # Only at k = a is L_{v,k-1} outside the window: a bridge, an undone copy, or
+            # the incumbent's.
+            before: cp_model.LinearExpr | int = w.L.get((v, k - 1), w.B.get(v, int(v in w.lam[k - 1])))
+            if k == a and v in w.D:
+                before = 1 - w.D[v]
             if v in can and k >= v + 2:
                 c = w.C[v, k] = w.cp.new_bool_var(f"C[{v},{k}]")
                 w.cp.add(w.L[v, k] <= before + c)
@@ -219,15 +269,40 @@ def add_read(w: Window) -> None:
                 w.cp.add(c == 0)  # v cannot be in memory there
 
 
-def add_leave(w: Window, plan: Plan) -> None:
-    """L_{v,b} = 1 where the incumbent has v in memory at b+1 and does not make it there."""
+def leaving(w: Window, plan: Plan) -> set[int]:
+    """The values the incumbent has in memory at b+1 and does not make there."""
     b = w.last
     if b + 1 >= len(w.problem.nodes):
-        return
-    made_next = {s.node for s in plan.schedule if s.before == b + 1}
-    for v in w.lam[b + 1] - made_next:
-        if (v, b) in w.L:
-            w.cp.add(w.L[v, b] == 1)
+        return set()
+    return w.lam[b + 1] - {s.node for s in plan.schedule if s.before == b + 1}
+
+
+def add_leave(w: Window, plan: Plan) -> None:
+    """L_{v,b} = 1 where the incumbent has v in memory at b+1 and does not make it there."""
+    for v in leaving(w, plan):
+        if (v, w.last) in w.L:
+            w.cp.add(w.L[v, w.last] == 1)
+
+
+def add_free(w: Window, plan: Plan) -> None:
+    """L_{v,k} <= ρ_{v,k} + L_{v,k+1} - C_{v,k+1} for k > v not a step whose op reads v,
+    ρ_{v,k} = Σ_{w reads v} C_{w,k}; past the window L_{v,b+1} := 1 where leave holds v,
+    else 0."""
+    p, b = w.problem, w.last
+    held_on = leaving(w, plan)
+    readers: dict[tuple[int, int], list[cp_model.IntVar]] = {}
+    for (r, k), c in w.C.items():
+        for v in set(p.nodes[r].deps):
+            readers.setdefault((v, k), []).append(c)
+    for (v, k), x in w.L.items():
+        if k == v or k in p.users[v]:
+            continue  # made or read here: in memory whatever follows
+        after: cp_model.LinearExprT
+        if (v, k + 1) in w.L:
+            after = w.L[v, k + 1] - w.C.get((v, k + 1), 0)
+        else:  # past the window, or past the last step v can be read at
+            after = int(k == b and v in held_on)
+        w.cp.add(x <= sum(readers.get((v, k), [])) + after)
 
 
 def add_memory(w: Window) -> None:
@@ -256,7 +331,7 @@ def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: So
         w.cp.add_hint(c, (v, k) in made)
     for (v, k), x in w.L.items():
         w.cp.add_hint(x, v in w.lam[k])
-    for b in w.B.values():
+    for b in [*w.B.values(), *w.D.values()]:
         w.cp.add_hint(b, False)
     solver = make_solver(config)
     # Building a wide window's model takes a while: it counts against ``seconds`` too.
@@ -265,17 +340,18 @@ def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: So
     took = solver.response_proto.deterministic_time if config.deterministic else time.perf_counter() - t0
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, took
-    outside = [s for s in plan.schedule if not first <= s.before <= last]
+    undone = {(v, w.made_at[v]) for v, d in w.D.items() if solver.boolean_value(d)}
+    outside = [s for s in plan.schedule if not first <= s.before <= last and (s.node, s.before) not in undone]
     inside = [Step(v, k) for (v, k), c in w.C.items() if solver.value(c)]
     return as_plan(outside + inside), took
 
 
 def windows(problem: Problem, plan: Plan, width: int) -> list[tuple[int, int]]:
-    """Windows of ``width`` steps, one every quarter width, over the steps from the first
-    where the plan recomputes or runs within 5% of the budget to the end; the ones where
-    the plan spends most recomputation time first. A gain needs one window to cover all
+    """Windows of ``width`` steps, one every quarter width back from the last step, over
+    the steps from the first where the plan recomputes or runs within 5% of the budget
+    to the end; the ones where the plan spends most recomputation time first. A gain needs one window to cover all
     its changes: at this stride every span of three quarters of the width lies in one
-    (half-overlapping windows cover half), and a restricted window takes 0.1-3 s."""
+    (half-overlapping windows cover half), and a restricted window takes 0.1-5 s."""
     n = len(problem.nodes)
     timeline = check(problem, plan).timeline
     budget = problem.budget if problem.budget is not None else max(timeline, default=0)
@@ -284,8 +360,10 @@ def windows(problem: Problem, plan: Plan, width: int) -> list[tuple[int, int]]:
         return []
     start = max(1, min(hot) - width // 2)
     stride = max(1, width // 4)
-    out = [(a, min(n - 1, a + width - 1)) for a in range(start, n, stride)]
-    out = sorted({(a, b) for a, b in out if b >= a})
+    # Laid out from the last step back, so that no window is cut short at the graph's end,
+    # where most reads are (a 48-step window must reach step 249 on random n250 at 80%).
+    out = [(b - width + 1, b) for b in range(n - 1, start + width - 1, -stride)]
+    out.append((start, min(n - 1, start + width - 1)))
 
     def spent(w: tuple[int, int]) -> float:
         return sum(problem.nodes[s.node].time for s in plan.schedule if w[0] <= s.before <= w[1])
@@ -298,7 +376,8 @@ def polish(problem: Problem, plan: Plan, config: SolverConfig, seconds: float, *
     """``plan`` improved window by window (:func:`windows`) for up to ``seconds`` (counted
     as :func:`solve_window` counts them), each window's best accepted when the checker
     finds it within budget and cheaper. Passes repeat while a pass improves; after one
-    that does not, the windows double in width, until one spans every step."""
+    that does not, the windows grow by half (a doubling skipped the 48-step window that
+    n250 at 80% needs), until one spans every step."""
     left = seconds
     width = width or WIDTH
     ends = reach(problem)
@@ -319,5 +398,5 @@ def polish(problem: Problem, plan: Plan, config: SolverConfig, seconds: float, *
         if not improved:
             if width >= len(problem.nodes):
                 break
-            width *= 2
+            width = max(width + 1, width * 3 // 2)
     return plan

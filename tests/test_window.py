@@ -8,6 +8,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ortools.sat.python import cp_model
 
 from solvers import Plan, Problem, SolverConfig, Step, check, local, window
 from solvers.problem import node
@@ -121,3 +122,79 @@ def test_a_recomputation_in_the_window_of_a_value_dropped_before_it(budget: int,
     assert found is not None
     assert [(s.node, s.before) for s in found.schedule] == kept
     assert check(p, found).fits
+
+
+def early_copy() -> Problem:
+    """``p`` and ``q`` (4 B, 1 s each) are read at step 2 and again after a 20-byte burst
+    (x, y) at steps 3-4: within 24 B only one of them may be in memory at step 4."""
+    return P(
+        node("p", size=4, time=1.0),  # 0
+        node("q", size=4, time=1.0),  # 1
+        node("r", 0, 1, size=0),  # 2 reads p and q
+        node("x", size=10, time=5.0, recomputable=False),  # 3
+        node("y", 3, size=10, time=5.0),  # 4
+        node("s", 1, 4, size=0),  # 5 reads q
+        node("t", 0, 1, size=1),  # 6 reads p and q
+    ).with_budget(24)
+
+
+def test_a_recomputation_before_the_window_whose_copy_is_first_read_in_it_is_undone() -> None:
+    """The incumbent recomputes ``p`` before step 3, where nothing reads it until step 6,
+    and ``q`` before step 5 (2 s). The window [4, 6] undoes ``p``'s recomputation (release),
+    keeps ``q`` from step 2 (bridge) and recomputes ``p`` before step 6: 1 s. Without the
+    release the copy made before step 3 must stay in memory at step 4, and the window
+    can only trade one recomputation for the other."""
+    p = early_copy()
+    start = plan_of((0, 3), (1, 5))
+    assert check(p, start).fits
+    found, _ = window.solve_window(p, start, 4, 6, CFG, 30.0)
+    assert found is not None
+    assert [(s.node, s.before) for s in found.schedule] == [(0, 6)]
+    report = check(p, found)
+    assert report.fits and report.added_time == 1.0 == best(p, 2)
+
+
+def test_a_copy_stays_in_memory_only_until_its_last_read() -> None:
+    """The free family: with no plan, ``p``'s last read is at step 6, and ``x``'s (read by
+    ``y``) at step 4; a model that kept ``x`` at step 5 has no solution."""
+    p = early_copy().with_budget(100)
+    w = window.build(p, Plan({}), 0, p.last_step)
+    assert (3, 5) in w.L
+    w.cp.add(w.L[3, 5] == 1)
+    assert cp_solve(w) == "INFEASIBLE"
+    w = window.build(p, Plan({}), 0, p.last_step)
+    w.cp.add(w.L[3, 4] == 1)
+    assert cp_solve(w) == "OPTIMAL"
+
+
+def cp_solve(w: window.Window) -> str:
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    return solver.status_name(solver.solve(w.cp))
+
+
+@settings(max_examples=40, deadline=None)
+@given(tiny_dags(), st.integers(50, 100), st.data())
+def test_any_window_of_a_plan_within_budget_stays_within_it(problem: Problem, pct: int, data: st.DataObject) -> None:
+    """From the dearest plan within budget, any window's plan is within budget by the
+    checker and adds no more time: the bridge, release and free families may only
+    change the plan where the window's model accounts for every byte."""
+    p = problem.with_budget(check(problem, Plan({})).peak * pct // 100)
+    start = dearest(p)
+    if start is None:
+        return
+    first = data.draw(st.integers(0, p.last_step))
+    last = data.draw(st.integers(first, p.last_step))
+    found, _ = window.solve_window(p, start, first, last, CFG, 30.0)
+    assert found is not None  # the incumbent itself is a solution
+    after = check(p, found)
+    assert after.fits and after.added_time <= check(p, start).added_time
+
+
+def test_windows_are_full_width_and_reach_the_last_step() -> None:
+    p = three_reads().with_budget(20)
+    plan = plan_of((0, 3), (0, 6))
+    for width in (2, 3, 4):
+        spans = window.windows(p, plan, width)
+        assert max(b for _, b in spans) == p.last_step
+        assert all(b - a + 1 == width for a, b in spans)
