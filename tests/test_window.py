@@ -191,10 +191,13 @@ def test_any_window_of_a_plan_within_budget_stays_within_it(problem: Problem, pc
     assert after.fits and after.added_time <= check(p, start).added_time
 
 
-def test_windows_are_full_width_and_reach_the_last_step() -> None:
-    p = three_reads().with_budget(20)
-    plan = plan_of((0, 3), (0, 6))
-    for width in (2, 3, 4):
-        spans = window.windows(p, plan, width)
-        assert max(b for _, b in spans) == p.last_step
-        assert all(b - a + 1 == width for a, b in spans)
+@pytest.mark.parametrize("n", [21, 22, 23, 24])
+def test_a_window_of_full_width_ends_at_the_last_step(n: int) -> None:
+    """Windows laid out from the start every quarter width are cut short at the end, where
+    most reads are, unless the steps divide evenly: one more ends at the last step."""
+    p = P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, n))).with_budget(2)
+    plan = Plan({})
+    assert min(check(p, plan).timeline[1:]) == 2  # every step is at the budget: all in play
+    spans = window.windows(p, plan, 8)
+    assert (n - 8, n - 1) in spans
+    assert all(b - a + 1 <= 8 for a, b in spans)
