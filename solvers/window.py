@@ -349,9 +349,10 @@ def solve_window(problem: Problem, plan: Plan, first: int, last: int, config: So
 def windows(problem: Problem, plan: Plan, width: int) -> list[tuple[int, int]]:
     """Windows of ``width`` steps, one every quarter width and one ending at the last step,
     over the steps from the first where the plan recomputes or runs within 5% of the
-    budget to the end; the ones where the plan spends most recomputation time first. A gain needs one window to cover all
-    its changes: at this stride every span of three quarters of the width lies in one
-    (half-overlapping windows cover half), and a restricted window takes 0.1-5 s."""
+    budget to the end; the ones where the plan spends most recomputation time first. A
+    gain needs one window to cover all its changes: at this stride every span of three
+    quarters of the width lies in one (half-overlapping windows cover half), and a
+    restricted window takes 0.1-5 s."""
     n = len(problem.nodes)
     timeline = check(problem, plan).timeline
     budget = problem.budget if problem.budget is not None else max(timeline, default=0)
