@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from solvers.checker import check, value_intervals
-from solvers.local import as_plan, recomputable
+from solvers.local import as_plan, read_steps, recomputable
 from solvers.plan import Plan, Step
 from solvers.problem import Node, Problem
 from solvers.result import SolverConfig
@@ -112,6 +112,7 @@ class Window:
     L: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     C: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     lam: list[set[int]] = field(default_factory=list)  # λ: the incumbent's values in memory per step
+    read: list[set[int]] = field(default_factory=list)  # the steps the incumbent reads each value at
     B: dict[int, cp_model.IntVar] = field(default_factory=dict)
     D: dict[int, cp_model.IntVar] = field(default_factory=dict)
     made_at: dict[int, int] = field(default_factory=dict)  # h_v: where the copy D_v undoes is made
@@ -150,7 +151,7 @@ def live(problem: Problem, plan: Plan) -> list[set[int]]:
 
 def build(problem: Problem, plan: Plan, first: int, last: int, ends: list[int] | None = None) -> Window:
     """The model of window ``[first, last]`` around ``plan`` (see the module docstring)."""
-    w = Window(problem, first, last, lam=live(problem, plan))
+    w = Window(problem, first, last, lam=live(problem, plan), read=read_steps(problem, plan))
     ends = ends if ends is not None else reach(problem)
     add_release(w, plan)
     add_bridge(w, plan)
@@ -171,19 +172,14 @@ def add_release(w: Window, plan: Plan) -> None:
     """D_v: the incumbent's recomputation of v before h_v < a, whose copy is in memory
     over [h_v, a-1] and read nowhere there, is undone: L_{v,a-1} := 1 - D_v."""
     p, a = w.problem, w.first
-    if a == 0:
-        return
-    read_at: dict[int, set[int]] = {}
+    latest: dict[int, int] = {}  # the copy in memory at a-1, if any, is the latest made before a
     for s in plan.schedule:
-        for v in p.nodes[s.node].deps:
-            read_at.setdefault(v, set()).add(s.before)
-    for s in plan.schedule:
-        v, h = s.node, s.before
-        if h >= a or unmoved(p.nodes[v]) or not all(v in w.lam[k] for k in range(h, a)):
-            continue  # not the copy in memory at a-1 (the latest one made before a is)
-        if any(h <= u < a for u in p.users[v]) or any(h <= k < a for k in read_at.get(v, ())):
+        if s.before < a:
+            latest[s.node] = max(latest.get(s.node, -1), s.before)
+    for v, h in sorted(latest.items()):
+        if unmoved(p.nodes[v]) or not all(v in w.lam[k] for k in range(h, a)):
             continue
-        if v in w.D and w.made_at[v] > h:
+        if any(h <= k < a for k in w.read[v]):
             continue
         w.D[v] = w.cp.new_bool_var(f"D[{v}]")
         w.made_at[v] = h
@@ -195,16 +191,10 @@ def add_bridge(w: Window, plan: Plan) -> None:
     p, a = w.problem, w.first
     if a == 0:
         return
-    reads: set[int] = set()
-    for u in range(a, w.last + 1):
-        reads.update(p.nodes[u].deps)
-    for s in plan.schedule:
-        if a <= s.before <= w.last:
-            reads.update(p.nodes[s.node].deps)
     gap: dict[int, list[cp_model.LinearExprT]] = {}
-    for v in sorted(reads):
+    for v in range(a):
         node = p.nodes[v]
-        if v >= a or v in w.lam[a - 1] or unmoved(node):
+        if v in w.lam[a - 1] or unmoved(node) or not any(a <= k <= w.last for k in w.read[v]):
             continue
         last = max(k for k in range(v, a) if v in w.lam[k])  # g_v
         b = w.B[v] = w.cp.new_bool_var(f"B[{v}]")

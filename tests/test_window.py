@@ -8,10 +8,10 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ortools.sat.python import cp_model
 
 from solvers import Plan, Problem, SolverConfig, Step, check, local, window
 from solvers.problem import node
+from solvers.sat import make_solver
 from tests.graphs import P
 from tests.test_anywhere import brute_force, plan_of, three_reads
 
@@ -168,8 +168,7 @@ def test_a_copy_stays_in_memory_only_until_its_last_read() -> None:
 
 
 def cp_solve(w: window.Window) -> str:
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
+    solver = make_solver(CFG)
     return solver.status_name(solver.solve(w.cp))
 
 
