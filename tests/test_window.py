@@ -36,7 +36,7 @@ def dearest(problem: Problem) -> Plan | None:
 
 def whole(problem: Problem, start: Plan) -> Plan | None:
     """The window over every step: the model of the whole graph."""
-    found, _ = window.solve_window(problem, start, 0, problem.last_step, CFG, 30.0)
+    found = window.solve_window(problem, start, 0, problem.last_step, CFG, 30.0).plan
     return found
 
 
@@ -87,7 +87,7 @@ def test_the_plan_outside_the_window_is_kept() -> None:
     p = three_reads().with_budget(20)
     start = local.as_plan([Step(0, 3)])
     assert not check(p, start).fits
-    found, _ = window.solve_window(p, start, 4, 7, CFG, 30.0)
+    found = window.solve_window(p, start, 4, 7, CFG, 30.0).plan
     assert found is not None
     assert [(s.node, s.before) for s in found.schedule] == [(0, 3), (0, 6)]
     assert check(p, found).fits
@@ -118,7 +118,7 @@ def test_a_recomputation_in_the_window_of_a_value_dropped_before_it(budget: int,
     p = three_reads().with_budget(budget)
     start = local.as_plan([Step(0, 3), Step(0, 6)])
     assert check(p, start).fits
-    found, _ = window.solve_window(p, start, 6, 7, CFG, 30.0)
+    found = window.solve_window(p, start, 6, 7, CFG, 30.0).plan
     assert found is not None
     assert [(s.node, s.before) for s in found.schedule] == kept
     assert check(p, found).fits
@@ -147,7 +147,7 @@ def test_a_recomputation_before_the_window_whose_copy_is_first_read_in_it_is_und
     p = early_copy()
     start = plan_of((0, 3), (1, 5))
     assert check(p, start).fits
-    found, _ = window.solve_window(p, start, 4, 6, CFG, 30.0)
+    found = window.solve_window(p, start, 4, 6, CFG, 30.0).plan
     assert found is not None
     assert [(s.node, s.before) for s in found.schedule] == [(0, 6)]
     report = check(p, found)
@@ -184,7 +184,7 @@ def test_any_window_of_a_plan_within_budget_stays_within_it(problem: Problem, pc
         return
     first = data.draw(st.integers(0, p.last_step))
     last = data.draw(st.integers(first, p.last_step))
-    found, _ = window.solve_window(p, start, first, last, CFG, 30.0)
+    found = window.solve_window(p, start, first, last, CFG, 30.0).plan
     assert found is not None  # the incumbent itself is a solution
     after = check(p, found)
     assert after.fits and after.added_time <= check(p, start).added_time
@@ -200,3 +200,30 @@ def test_a_window_of_full_width_ends_at_the_last_step(n: int) -> None:
     spans = window.windows(p, plan, 8)
     assert (n - 8, n - 1) in spans
     assert all(b - a + 1 <= 8 for a, b in spans)
+
+
+def test_windows_where_the_plan_spends_as_much_go_widest_first() -> None:
+    """A wider window allows a narrower one's moves: of windows where the plan spends the
+    same recomputation time, the widest is solved first (windows cut short at the end last)."""
+    p = P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, 22))).with_budget(2)
+    spans = window.windows(p, Plan({}), 8)  # no recomputation: every window spends 0
+    widths = [b - a + 1 for a, b in spans]
+    assert min(widths) < 8 and widths == sorted(widths, reverse=True)
+
+
+def test_a_window_solved_on_the_current_plan_is_not_solved_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first window's solve removes a useless recomputation; every window after it then
+    sees the new plan, so the next pass solves none of them again but widens instead."""
+    p = P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, 22))).with_budget(2)
+    useless = plan_of((0, 1))  # v0 made again for its one read, right after its own step
+    assert check(p, useless).fits and check(p, useless).added_time > 0 == check(p, Plan({})).added_time
+    calls: list[tuple[int, int]] = []
+
+    def fake(problem: Problem, plan: Plan, first: int, last: int, *_: object) -> window.Solved:
+        calls.append((first, last))
+        return window.Solved(Plan({}) if len(calls) == 1 else plan, 0.01)
+
+    monkeypatch.setattr(window, "solve_window", fake)
+    assert window.polish(p, useless, CFG, 5.0, width=8) == Plan({})
+    after = calls[1:]
+    assert len(after) > 1 and len(after) == len(set(after))
