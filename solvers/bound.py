@@ -20,7 +20,7 @@ most its cost, however many times it recomputes a value, so this relaxation's op
 CP-SAT's bound on it when stopped early, bounds every plan: the interval model's of
 :mod:`solvers.anywhere` (whose own bound holds only for its two copies) and the windows'
 of :mod:`solvers.window`. It drops when recomputations run and what they read, so it is
-small: CP-SAT proves it optimal in 0.1-1.4 s on the public random graphs, where the
+small: CP-SAT proves it optimal in 0.1-1.5 s on the public random graphs, where the
 interval model over the same rows (:func:`solvers.anywhere.add_memory_cuts`) reaches the
 same bound on random n1000 at 80% (0.78% of the step) only some 20 s into its search.
 """
@@ -77,9 +77,8 @@ def lower_bound(problem: Problem, movable: set[int], config: SolverConfig, secon
         cp.add(sum(scale.mem(problem.nodes[v].size) * x[v] for v in values) >= need)
     if not x:
         return 0.0
-    # Times rounded down to whole units, so that a bound on them bounds the true times;
-    # less a part in 10^9 of floating-point error (5 s over units of 1/40000 s is
-    # 199999.99999...).
+    # Times rounded down to whole units, so that a bound on them bounds the true times,
+    # after a part in 10^9 more: a whole number of units may divide out as n - 1e-11.
     unit = scale.seconds_per_unit
     cp.minimize(sum(math.floor(problem.nodes[v].time / unit * (1 + 1e-9)) * xv for v, xv in x.items()))
     solver = make_solver(config)
