@@ -394,8 +394,7 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         total = scale.mem(sum(n.size for n in p.nodes if not n.resident))
         m.capacity = m.cp.new_int_var(floor, max(floor, total), "B")
     else:
-        budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
-        m.capacity = scale.capacity(budget)
+        m.capacity = p.capacity
     m.cp.add_cumulative(intervals, demands, m.capacity)
     m.sizes["memory_intervals"] = len(intervals)
 

@@ -217,6 +217,11 @@ class Problem:
         seconds = longest / Scale.TIME_RESOLUTION if longest > 0 else 1.0
         return Scale(bytes_per_unit=unit, seconds_per_unit=seconds)
 
+    @cached_property
+    def capacity(self) -> int:
+        """floor(B/q): the budget in memory units; without a budget, every byte (all fits)."""
+        return self.scale.capacity(self.budget if self.budget is not None else sum(n.size for n in self.nodes))
+
     def transfer_time(self, i: int) -> float:
         """Seconds one copy of value ``i`` takes over the host link (inf without one)."""
         if self.host_bandwidth <= 0:

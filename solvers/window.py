@@ -124,12 +124,6 @@ def unmoved(node: Node) -> bool:
     return node.resident or node.size == 0 or node.keep
 
 
-def capacity(problem: Problem) -> int:
-    """floor(B/q): the budget in memory units (no budget: every byte)."""
-    budget = problem.budget if problem.budget is not None else sum(n.size for n in problem.nodes)
-    return problem.scale.capacity(budget)
-
-
 def reach(problem: Problem) -> list[int]:
     """:math:`e_v`: v's last reader's step, or later where a recomputation of a reader,
     which may run as late as that reader's own reach, reads v."""
@@ -202,7 +196,7 @@ def add_bridge(w: Window, plan: Plan) -> None:
         for k in range(last + 1, a):
             gap.setdefault(k, []).append(p.scale.mem(node.size) * b)
     timeline = check(p, plan).timeline
-    cap = capacity(p)
+    cap = p.capacity
     for k, terms in gap.items():
         # An undone copy frees its bytes from h_v on (sizes are whole units: exact).
         terms += [-p.scale.mem(p.nodes[v].size) * d for v, d in w.D.items() if w.made_at[v] <= k]
@@ -300,7 +294,7 @@ def add_memory(w: Window) -> None:
     """Σ_v s_v L_{v,k} + f_k <= floor(B/q) at each step of the window."""
     p = w.problem
     scale = p.scale
-    cap = capacity(p)
+    cap = p.capacity
     kept = [v for v, n in enumerate(p.nodes) if n.keep and not n.resident and n.size]
     at: dict[int, list[cp_model.LinearExprT]] = {k: [] for k in range(w.first, w.last + 1)}
     for (v, k), x in w.L.items():

@@ -36,8 +36,7 @@ def dearest(problem: Problem) -> Plan | None:
 
 def whole(problem: Problem, start: Plan) -> Plan | None:
     """The window over every step: the model of the whole graph."""
-    found = window.solve_window(problem, start, 0, problem.last_step, CFG, 30.0).plan
-    return found
+    return window.solve_window(problem, start, 0, problem.last_step, CFG, 30.0).plan
 
 
 def test_a_value_recomputed_twice() -> None:
@@ -190,11 +189,16 @@ def test_any_window_of_a_plan_within_budget_stays_within_it(problem: Problem, pc
     assert after.fits and after.added_time <= check(p, start).added_time
 
 
+def unit_chain(n: int, *, budget: int) -> Problem:
+    """v0 -> v1 -> ... -> v{n-1}, 1 byte and 1 s each."""
+    return P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, n))).with_budget(budget)
+
+
 @pytest.mark.parametrize("n", [21, 22, 23, 24])
 def test_a_window_of_full_width_ends_at_the_last_step(n: int) -> None:
     """Windows laid out from the start every quarter width are cut short at the end, where
     most reads are, unless the steps divide evenly: one more ends at the last step."""
-    p = P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, n))).with_budget(2)
+    p = unit_chain(n, budget=2)
     plan = Plan({})
     assert min(check(p, plan).timeline[1:]) == 2  # every step is at the budget: all in play
     spans = window.windows(p, plan, 8)
@@ -205,7 +209,7 @@ def test_a_window_of_full_width_ends_at_the_last_step(n: int) -> None:
 def test_windows_where_the_plan_spends_as_much_go_widest_first() -> None:
     """A wider window allows a narrower one's moves: of windows where the plan spends the
     same recomputation time, the widest is solved first (windows cut short at the end last)."""
-    p = P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, 22))).with_budget(2)
+    p = unit_chain(22, budget=2)
     spans = window.windows(p, Plan({}), 8)  # no recomputation: every window spends 0
     widths = [b - a + 1 for a, b in spans]
     assert min(widths) < 8 and widths == sorted(widths, reverse=True)
@@ -214,7 +218,7 @@ def test_windows_where_the_plan_spends_as_much_go_widest_first() -> None:
 def test_a_window_solved_on_the_current_plan_is_not_solved_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first window's solve removes a useless recomputation; every window after it then
     sees the new plan, so the next pass solves none of them again but widens instead."""
-    p = P(node("v0", size=1), *(node(f"v{i}", i - 1, size=1) for i in range(1, 22))).with_budget(2)
+    p = unit_chain(22, budget=2)
     useless = plan_of((0, 1))  # v0 made again for its one read, right after its own step
     assert check(p, useless).fits and check(p, useless).added_time > 0 == check(p, Plan({})).added_time
     calls: list[tuple[int, int]] = []
