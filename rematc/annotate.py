@@ -137,7 +137,7 @@ def _cost(
         flops, source = 0.0, "none (memory-bound)"
     else:
         flops, source = node_flops(node)
-    read = sum(costs[a].nbytes if costs[a].owner == a.name else _val_bytes(a)
+    read = sum(costs[a].nbytes if costs[a].owner == a.name else val_bytes(a)
                for a in node.all_input_nodes if a in costs)
     moved = 0 if is_view or node.target is operator.getitem else read + nbytes
     itemsize = outs[0].element_size() if outs else 4
@@ -223,7 +223,7 @@ def _val(a: Any) -> Any:
     return a.meta.get("val") if isinstance(a, fx.Node) else a
 
 
-def _val_bytes(node: fx.Node) -> int:
+def val_bytes(node: fx.Node) -> int:
     return sum(storage_bytes(t) for t in tensors(node.meta.get("val")))
 
 

@@ -20,8 +20,10 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.utils import run_and_get_code
 
-from rematc.capture import Captured, addmm_pairs
+import rematc
+from rematc.capture import Captured, addmm_pairs, held_for_addmm
 from rematc.devices import profile_for
 from rematc.partition import capture_stage
 from solvers import check
@@ -251,12 +253,14 @@ def test_a_kernel_takes_over_an_input_it_reads_through_an_unstored_value() -> No
 
 class Tied(nn.Module):
     """An embedding whose weight is also the output head: its gradient is the sum of the
-    head's matmul and the embedding's scatter, ``add(mm(dlogits^T, h), scatter)``."""
+    head's matmul and the embedding's scatter, ``add(mm(dlogits^T, h), scatter)``. At
+    width 128 that gradient (64 x 128) outweighs the logits gradient and ``h`` the merge
+    keeps alive (32 x 64 and 32 x 128); at width 16 they outweigh it."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 128) -> None:
         super().__init__()
-        self.emb = nn.Embedding(64, 16)
-        self.mix = nn.Linear(16, 16)
+        self.emb = nn.Embedding(64, width)
+        self.mix = nn.Linear(width, width)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.mix(self.emb(idx)))
@@ -278,13 +282,22 @@ class Grab(CustomPartitionerFn):
         return None  # nothing to cache
 
 
-@pytest.fixture(scope="module")
-def tied() -> tuple[fx.GraphModule, dict[str, Any]]:
+def tied_joint(width: int) -> tuple[fx.GraphModule, dict[str, Any]]:
     torch._dynamo.reset()
     grab = Grab()
     with torch._inductor.config.patch(custom_partitioner_fn=grab):
-        torch.compile(Tied())(torch.randint(0, 64, (32,)))
+        torch.compile(Tied(width))(torch.randint(0, 64, (32,)))
     return grab.grabbed["gm"], grab.grabbed["kwargs"]
+
+
+@pytest.fixture(scope="module")
+def tied() -> tuple[fx.GraphModule, dict[str, Any]]:
+    return tied_joint(128)
+
+
+@pytest.fixture(scope="module")
+def tied_narrow() -> tuple[fx.GraphModule, dict[str, Any]]:
+    return tied_joint(16)
 
 
 def test_a_matmul_merged_into_addmm_runs_at_its_add(tied: tuple[fx.GraphModule, dict[str, Any]]) -> None:
@@ -327,6 +340,48 @@ def test_addmm_conditions_follow_inductor(tied: tuple[fx.GraphModule, dict[str, 
     other = next(a for a in next(n for n in g.graph.nodes if n.name == add.name).args if a.name != mm.name)
     other.meta["val"] = other.meta["val"].to(torch.float64)
     assert addmm_pairs(g) == {}
+
+
+def test_a_matmul_whose_merge_would_hold_more_stays_where_autograd_put_it(
+        tied_narrow: tuple[fx.GraphModule, dict[str, Any]]) -> None:
+    """At width 16, running the tied weight's gradient matmul at its add would keep the
+    logits gradient and ``h`` (32 x 64 and 32 x 16 floats) alive through the backward to
+    save holding its 64 x 16 result: the mm stays a value of its own in the head's
+    backward, where the logits gradient dies, long before the scatter, and the add becomes
+    ``sub(scatter, mm, alpha=-1)``, which Inductor does not merge."""
+    gm, kwargs = tied_narrow
+    (mm, add), = addmm_pairs(gm).items()
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    assert held_for_addmm(mm, add, position) == (32 * 64 + 32 * 16) * 4
+    fused = captured(gm, kwargs, fuses=True)
+    by_name = {n.name: n for n in fused.value_of}
+    assert add.name not in by_name
+    mm_node = by_name[mm.name]
+    at = fused.value_of[mm_node]
+    assert tuple(fused.groups[at]) == (mm_node,) and fused.problem.nodes[at].size == 64 * 16 * 4
+    (sub,) = mm_node.users
+    assert sub.target is torch.ops.aten.sub.Tensor and sub.kwargs == {"alpha": -1}
+    assert sub.args[1] is mm_node
+    dlogits = next(a for a in mm_node.all_input_nodes if a in fused.value_of)
+    scatter = fused.value_of[sub.args[0]]
+    assert at in fused.problem.users[fused.value_of[dlogits]]
+    assert max(at, fused.problem.users[fused.value_of[dlogits]][-1]) < scatter < fused.value_of[sub]
+
+
+@pytest.mark.inductor
+def test_the_unmerged_matmul_is_no_addmm_in_inductors_code_and_gradients_match() -> None:
+    torch.manual_seed(0)
+    model = Tied(16)
+    reference = copy.deepcopy(model)
+    idx = torch.randint(0, 64, (32,))
+    reference(idx).backward()
+    compiled = rematc.compile(model, budget=None, compiler="inductor", cache_dir=None)
+    _, codes = run_and_get_code(lambda: compiled(idx).backward())
+    (backward,) = [c for c in codes if "tangents_1" in c]
+    assert "addmm" not in backward
+    for p, r in zip(model.parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and r.grad is not None
+        torch.testing.assert_close(p.grad, r.grad)
 
 
 def test_cheap_values_read_several_times_are_inlined_when_recomputed(both: tuple[Captured, Captured]) -> None:
