@@ -173,10 +173,11 @@ class Checkpointed(nn.Module):
         self.block = block
         self.context_fn = context_fn
 
-    def forward(self, *args: Any) -> Any:
-        if self.context_fn is None:
-            return checkpoint(self.block, *args, use_reentrant=False)
-        return checkpoint(self.block, *args, use_reentrant=False, context_fn=self.context_fn)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Keywords pass through: transformers' decoder layers take the mask and the rotary
+        # tables as keywords.
+        options = {} if self.context_fn is None else {"context_fn": self.context_fn}
+        return checkpoint(self.block, *args, use_reentrant=False, **options, **kwargs)
 
 
 def wrap_blocks(model: nn.Module, *, every: int,

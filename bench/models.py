@@ -321,7 +321,8 @@ def make_hf(kind: str, *, batch: int, seed: int, small: bool = False) -> Example
     if kind == "gpt2":
         cfg: Any = transformers.GPT2Config(
             n_embd=d, n_layer=layers, n_head=heads, n_positions=seq, vocab_size=vocab,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new")
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new",
+            bos_token_id=0, eos_token_id=0)
         cls: Any = transformers.GPT2LMHeadModel
     elif kind == "llama":
         cfg = transformers.LlamaConfig(
@@ -334,6 +335,9 @@ def make_hf(kind: str, *, batch: int, seed: int, small: bool = False) -> Example
     cfg._attn_implementation = "sdpa"
     inner: Any = _seeded(lambda: cls(cfg), seed)
     inner.train()
+    # GPT-2's class does not name its loss, and transformers logs its fallback inside the
+    # traced forward: a logging call is a graph break.
+    inner.loss_type = "ForCausalLM"
     blocks = inner.transformer.h if kind == "gpt2" else inner.model.layers
     g = _generator(seed)
     idx = torch.randint(vocab, (batch, seq), generator=g)

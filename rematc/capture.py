@@ -606,8 +606,8 @@ def place_addmm_operands(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:
     Inductor runs it, so that the problem's order, the emitted graph (a recomputed input of
     the matmul is placed before its first reader) and Inductor's code agree; except where
     the move holds more bytes than it saves (:func:`held_for_addmm`): there the matmul
-    stays where autograd placed it and the add is marked so that Inductor does not merge
-    it (:func:`keep_unmerged`). Returns the pairs moved."""
+    stays where autograd placed it and the add is rewritten so that Inductor does not
+    merge it (:func:`keep_unmerged`). Returns the pairs moved."""
     pairs = addmm_pairs(joint)
     position = {n: i for i, n in enumerate(joint.graph.nodes)}
     moved: dict[fx.Node, fx.Node] = {}
@@ -628,10 +628,13 @@ def held_for_addmm(mm: fx.Node, add: fx.Node, position: dict[fx.Node, int]) -> i
     late. Over that stretch the merge holds these instead of the mm's result, step for
     step: the tied embedding's gradient ``add(mm(dlogits^T, h), scatter)`` holds the
     logits-sized gradient through the whole backward to save holding a vocab x d one."""
-    stores = {StorageWeakRef(t.untyped_storage()): t for a in mm.all_input_nodes
-              if a.op != "placeholder" for t in tensors(a.meta.get("val"))}
+    graph = mm.graph
+    inputs = {StorageWeakRef(t.untyped_storage()) for p in graph.find_nodes(op="placeholder")
+              for t in tensors(p.meta.get("val"))}
+    stores = {key: t for a in mm.all_input_nodes for t in tensors(a.meta.get("val"))
+              if (key := StorageWeakRef(t.untyped_storage())) not in inputs}
     last = dict.fromkeys(stores, -1)
-    for n in mm.graph.nodes:
+    for n in graph.nodes:
         if n is mm:
             continue
         for a in n.all_input_nodes:

@@ -12,6 +12,7 @@ from torch import nn
 from torch._dynamo.backends.common import aot_autograd
 
 import rematc
+from bench import models as bench_models
 from rematc.backend import _boxed_eager
 from rematc.models import (
     CNNConfig,
@@ -33,6 +34,9 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "gpt": lambda: make_gpt(GPTConfig.tiny(dropout=0.1), batch=4, seed=0),
     "cnn": lambda: make_cnn(CNNConfig(), batch=8, seed=0),
     "inplace": lambda: make_inplace(InPlaceNetConfig(), batch=512, seed=0),
+    # transformers' GPT-2 and Llama at toy sizes (random weights, no download).
+    "hf_gpt2": lambda: bench_models.make("hf_gpt2", small=True),
+    "hf_llama": lambda: bench_models.make("hf_llama", small=True),
 }
 
 

@@ -63,8 +63,19 @@ def test_harness_writes_tables_plot_and_machine(tmp_path: Path) -> None:
     assert str(tmp_path) not in json.dumps(machine)  # no machine's paths recorded
 
 
-@pytest.mark.parametrize("config", ["eager", "eager_ckpt_every", "sac_matmul_eager"])
-@pytest.mark.parametrize("name", ["gpt2_math", "llama", "resnet", "unet"])
+# torch.utils.checkpoint's selective mode replays every op of a region from its cache and
+# finds transformers' layers calling a slice in the recomputation that the forward's cache
+# does not hold ("aten.slice.Tensor ... not found in storage"), in eager mode and compiled.
+SAC_FAILS = pytest.mark.xfail(raises=RuntimeError, strict=True,
+                              reason="selective checkpointing of transformers' layers: not found in storage")
+CHECKPOINTED = [
+    pytest.param(name, config, marks=SAC_FAILS if name.startswith("hf_") and config.startswith("sac") else ())
+    for name in ("gpt2_math", "llama", "resnet", "unet", "hf_gpt2", "hf_llama")
+    for config in ("eager", "eager_ckpt_every", "sac_matmul_eager")
+]
+
+
+@pytest.mark.parametrize(("name", "config"), CHECKPOINTED)
 def test_small_models_train_under_checkpointing(name: str, config: str) -> None:
     """Every benchmark model (toy sizes) returns a loss, has ``blocks``, and gives the same
     loss and gradients with its blocks checkpointed (plain or selective) as without."""

@@ -309,6 +309,9 @@ def test_a_matmul_merged_into_addmm_runs_at_its_add(tied: tuple[fx.GraphModule, 
     assert len(pairs) == 1  # the tied weight's gradient
     (mm, add), = pairs.items()
     assert mm.target is torch.ops.aten.mm.default and add.target is torch.ops.aten.add.Tensor
+    # What the merge holds (the logits gradient and h) is less than the mm's result.
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    assert held_for_addmm(mm, add, position) == (32 * 64 + 32 * 128) * 4 < 64 * 128 * 4
     plain, fused = captured(gm, kwargs, fuses=False), captured(gm, kwargs, fuses=True)
     mm_plain = plain.value_of[next(n for n in plain.value_of if n.name == mm.name)]
     assert plain.groups[mm_plain][0].name == mm.name  # its own value without Inductor

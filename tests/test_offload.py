@@ -138,7 +138,7 @@ def test_offload_plan_under_inductor_matches_eager(same_random_as_eager: None) -
     model, inputs = MODELS["gpt"]()
     # Below the no-budget plan's peak (fused pointwise values recomputed), which under
     # Inductor is taken whenever it fits.
-    compiled = rematc.compile(model, budget=0.5, host_bandwidth=FAST_LINK)
+    compiled = rematc.compile(model, budget=0.42, host_bandwidth=FAST_LINK)
     result = run_step(model, compiled, inputs)
     record = rematc.records()[-1]
     assert record.solver == "cpsat" and record.plan is not None and record.plan.of(Decision.OFFLOAD)
