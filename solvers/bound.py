@@ -61,7 +61,7 @@ def lower_bound(problem: Problem, movable: set[int], config: SolverConfig, secon
     if problem.budget is None:
         return 0.0
     scale = problem.scale  # memory units: sizes are exact multiples of one
-    cap = scale.capacity(problem.budget)
+    cap = problem.capacity
     fixed, spans = stakes(problem, movable)
     if scale.mem(max(fixed, default=0)) > cap:
         return math.inf
