@@ -9,7 +9,8 @@
 * Bytes: the storage bytes a node *allocates*. Tensors that share a storage (views,
   in-place results, the elements of a multi-output op seen through ``getitem``) are
   counted once, on the first node that holds the storage, its ``owner``.
-* Time: the roofline of :mod:`rematc.devices` over FLOPs and bytes read plus written.
+* Time: the roofline of :mod:`rematc.devices` over FLOPs, elementwise transcendentals
+  (tanh, exp, ...: :func:`transcendentals`) and bytes read plus written.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
-from rematc.devices import DeviceProfile
+from rematc.devices import TRANSCENDENTAL_WEIGHT, DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class NodeCost:
     is_pointwise: bool  # tagged pointwise: Inductor fuses it into its consumer
     time: float  # seconds, roofline estimate
     recompute_time: float  # seconds to recompute it in the backward (see recompute_cost)
+    transcendental_time: float = 0.0  # seconds of its tanh/exp/...: what it costs inside another kernel
     workspace: int = 0  # bytes the op allocates beside its outputs while it runs (workspace_bytes)
 
 
@@ -142,8 +144,10 @@ def _cost(
     moved = 0 if is_view or node.target is operator.getitem else read + nbytes
     itemsize = outs[0].element_size() if outs else 4
     time = 0.0
+    exps = transcendentals(node) if node.op == "call_function" else 0.0
     if node.op == "call_function" and not is_view and node.target is not operator.getitem:
-        time = device.op_time(flops=flops, bytes_moved=moved, itemsize=itemsize)
+        time = device.op_time(flops=flops, bytes_moved=moved, itemsize=itemsize, transcendentals=exps,
+                              attention=is_attention(node))
     pointwise = isinstance(node.target, torch._ops.OpOverload) and (
         torch.Tag.pointwise in node.target.tags
     )
@@ -161,7 +165,9 @@ def _cost(
         is_cheap=flops == 0,
         is_pointwise=pointwise,
         time=time,
-        recompute_time=recompute_cost(time, pointwise=pointwise, fuses=fuses, device=device),
+        recompute_time=recompute_cost(time, pointwise=pointwise, fuses=fuses, device=device,
+                                      transcendentals=exps),
+        transcendental_time=exps * device.transcendental_time,
         workspace=workspace_bytes(node),
     )
 
@@ -179,17 +185,46 @@ def workspace_bytes(node: fx.Node) -> int:
     return 0
 
 
-def recompute_cost(time: float, *, pointwise: bool, fuses: bool, device: DeviceProfile) -> float:
+def recompute_cost(time: float, *, pointwise: bool, fuses: bool, device: DeviceProfile,
+                   transcendentals: float = 0.0) -> float:
     """Seconds a recomputation adds to the backward.
 
     Under Inductor a recomputed pointwise op is generated inside the kernel that reads its
     result: the kernel reads the op's inputs instead of a saved output, about the same
     bytes, so the pass over memory the roofline charges does not happen; what remains is
-    at most one launch. (PyTorch's min-cut partitioner treats such recomputation as free.)
+    at most one launch and the op's own arithmetic where that is not free, its
+    transcendentals (PyTorch's min-cut partitioner treats such recomputation as free; on
+    a CPU one GELU-tanh recomputed into its backward kernel measures 1 ns per element).
     Everything else, and everything on the eager route, costs its roofline time again."""
     if fuses and pointwise:
-        return min(time, device.launch_overhead)
+        return min(time, device.launch_overhead + transcendentals * device.transcendental_time)
     return time
+
+
+def is_attention(node: fx.Node) -> bool:
+    """A fused attention kernel (any ``scaled_dot_product`` variant, forward or backward)."""
+    packet = getattr(node.target, "overloadpacket", None)
+    return packet is not None and "scaled_dot_product" in packet.__name__
+
+
+def transcendentals(node: fx.Node) -> float:
+    """Exp-equivalents an op evaluates (:data:`rematc.devices.TRANSCENDENTAL_WEIGHT` per
+    element of its output): tanh, exp, sigmoid, ... and the undecomposed ops built on one
+    (GELU, SiLU, softmax)."""
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet is None:
+        return 0.0
+    name = packet.__name__
+    if name == "gelu":
+        name = "tanh" if node.kwargs.get("approximate", "none") == "tanh" else "erf"
+    weight = TRANSCENDENTAL_WEIGHT.get(_BUILT_ON.get(name, name), 0.0)
+    if not weight:
+        return 0.0
+    return weight * sum(int(optimization_hint(t.numel(), fallback=4096)) for t in tensors(node.meta.get("val")))
+
+
+# Undecomposed ops (the eager route keeps them) and the transcendental each one evaluates.
+_BUILT_ON = {"silu": "sigmoid", "_softmax": "exp", "_log_softmax": "exp", "special_erf": "erf"}
 
 
 def node_flops(node: fx.Node) -> tuple[float, str]:

@@ -133,8 +133,6 @@ def capture(
         # is exact here, as no decision changes a backward value; for forward values the
         # solvers apply the rule to recomputations only (``Node.inline``).
         deps |= {d for j in deps & unstored for d in problem_nodes[j].deps}
-        # An inlined node runs inside the kernel of the op that reads it: no time of its
-        # own, and a recomputation of that op recomputes it at no extra pass over memory.
         own = [n for n in group if n not in inlined]
         problem_nodes.append(
             Node(
@@ -145,7 +143,7 @@ def capture(
                 # An op's workspace lives while it runs: counted with its value, which is
                 # an overcount for the steps its outputs outlive it.
                 size=0 if i in unstored else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
-                time=sum(costs[n].recompute_time for n in own),
+                time=recompute_seconds(group, own, costs, stored=inductor and i not in inline),
                 flops=sum(costs[n].flops for n in own),
                 recomputable=_recomputable(group, costs),
                 offloadable=_offloadable(group, costs),
@@ -158,6 +156,21 @@ def capture(
     if inductor:
         problem = with_inplace_reuse(problem, groups, value_of, costs, unstored)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward)
+
+
+def recompute_seconds(group: Sequence[fx.Node], own: Sequence[fx.Node],
+                      costs: dict[fx.Node, NodeCost], *, stored: bool) -> float:
+    """Seconds one recomputation of a value adds to the backward (``Node.time``).
+
+    A node inlined into the value's kernel (``group`` minus ``own``) adds no pass over
+    memory, only its transcendentals. Under Inductor a pointwise value that is stored
+    (not ``inline``: an extern kernel reads it, or several readers and a tanh) is written
+    again by its recomputation, so it pays its whole roofline, not the fused price of
+    :func:`rematc.annotate.recompute_cost`: on the benchmark GPT that is a LayerNorm
+    output rebuilt for a matmul."""
+    time = sum(costs[n].time if stored and costs[n].is_pointwise else costs[n].recompute_time
+               for n in own)
+    return time + sum(costs[n].transcendental_time for n in group if n not in own)
 
 
 def step_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:

@@ -1,9 +1,13 @@
 """Device models: how long an op takes, estimated by a roofline.
 
-``time = max(flops / peak_flops(dtype), bytes_moved / mem_bandwidth) + launch_overhead``
+``time = max(flops / peak_flops(dtype) + transcendentals * transcendental_time,
+bytes_moved / mem_bandwidth) + launch_overhead``
 
 ``bytes_moved`` is what the op reads plus what it writes (storage bytes of its tensor
-inputs and outputs); views move nothing and cost nothing. Peak rates are the vendors'
+inputs and outputs); views move nothing and cost nothing. ``transcendentals`` counts the
+elementwise exp-class functions an op evaluates (:data:`TRANSCENDENTAL_WEIGHT` per
+element): pointwise ops count no FLOPs, and on a CPU a tanh is not free once its memory
+traffic is gone, which is what happens to a recomputation fused into its reader. Peak rates are the vendors'
 dense datasheet numbers (no sparsity); CPU figures are the order of magnitude of a small
 cloud instance and are meant to be overridden (``DeviceProfile(...)`` or ``options``).
 """
@@ -21,22 +25,44 @@ class DeviceProfile:
     mem_bandwidth: float  # bytes/s of device memory
     host_bandwidth: float  # bytes/s each way to pinned host memory; 0 where there is no host tier
     launch_overhead: float = 0.0  # seconds per op (kernel launch / dispatch)
+    # Seconds per element of one exp in a vectorized kernel; 0 where special-function
+    # units keep pace with memory (GPUs).
+    transcendental_time: float = 0.0
+    # Fraction of the matmul peak that fused attention kernels reach (their softmax and
+    # blocking cost beside the two matmuls).
+    attention_efficiency: float = 1.0
 
     def peak_flops(self, itemsize: int) -> float:
         return self.flops_16bit if itemsize <= 2 else self.flops_fp32
 
-    def op_time(self, *, flops: float, bytes_moved: int, itemsize: int) -> float:
+    def op_time(self, *, flops: float, bytes_moved: int, itemsize: int,
+                transcendentals: float = 0.0, attention: bool = False) -> float:
         """Roofline estimate in seconds."""
-        compute = flops / self.peak_flops(itemsize) if flops else 0.0
+        peak = self.peak_flops(itemsize) * (self.attention_efficiency if attention else 1.0)
+        compute = flops / peak if flops else 0.0
+        compute += transcendentals * self.transcendental_time
         memory = bytes_moved / self.mem_bandwidth
         return max(compute, memory) + self.launch_overhead
+
+
+# Cost of one element of each elementwise transcendental in units of one exp, measured on
+# the CPU below in Inductor kernels (``g * f(x)`` against ``g * x``, 8.4M fp32 elements,
+# one thread): exp 0.40 ns, sigmoid 0.45, erf 0.50, log 0.57, sin / cos 0.35-0.37,
+# tanh 0.99-1.1. sqrt and rsqrt are single instructions (0.1 ns) and count nothing.
+TRANSCENDENTAL_WEIGHT: dict[str, float] = {
+    "exp": 1.0, "sigmoid": 1.1, "erf": 1.25, "log": 1.4, "sin": 0.9, "cos": 0.9, "tanh": 2.5,
+}
 
 
 PROFILES: dict[str, DeviceProfile] = {
     # A 2-core x86 cloud VM: ~100 GFLOP/s fp32 with AVX2 FMA, ~20 GB/s DRAM. CPU "offload"
     # would be host-to-host, so there is no host tier.
+    # Measured on the benchmark machine, one thread: a 4096x512x2048 matmul 95 GFLOP/s;
+    # the flash-attention kernel forward and backward 42-44 GFLOP/s at head size 64
+    # (T 256-512; 64 at head size 128); a transcendental 0.4 ns per exp-equivalent.
     "cpu": DeviceProfile(name="cpu", flops_fp32=100e9, flops_16bit=50e9, mem_bandwidth=20e9,
-                         host_bandwidth=0.0, launch_overhead=2e-6),
+                         host_bandwidth=0.0, launch_overhead=2e-6, transcendental_time=0.4e-9,
+                         attention_efficiency=0.45),
     # NVIDIA datasheets: A100 SXM 80GB (TF32 156 TF, bf16 312 TF, 2.04 TB/s, PCIe 4 x16).
     "a100": DeviceProfile(name="a100", flops_fp32=156e12, flops_16bit=312e12, mem_bandwidth=2.04e12,
                           host_bandwidth=25e9, launch_overhead=5e-6),

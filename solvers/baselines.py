@@ -41,10 +41,9 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
     the checker's peak fits; finally un-recompute the most expensive ones not needed to fit.
 
     ``free_time``: values costing at most this many seconds count as free (default: the
-    smallest positive recompute time among the candidates, i.e. one kernel launch when
-    pointwise ops fuse). Any set of recomputed values gives a valid plan when everything
-    else the backward (or a recomputation) reads is saved, so each step is one checker
-    replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits, else
+    rule of :func:`free_values`). Any set of recomputed values gives a valid plan when
+    everything else the backward (or a recomputation) reads is saved, so each step is one
+    checker replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits, else
     INFEASIBLE (greedy proves nothing: the budget may still be feasible). Past
     ``config.time_limit`` it stops where it is: unfit, or fit but not yet trimmed.
     """
@@ -90,13 +89,19 @@ def free_plan(problem: Problem, free_time: float | None = None) -> Plan:
 
 
 def free_values(problem: Problem, free_time: float | None = None) -> set[int]:
-    """The candidates recomputable at most ``free_time`` seconds each (default: the
-    smallest positive recompute time among the candidates, one kernel launch where
-    pointwise ops fuse)."""
+    """The recomputable candidates costing at most ``free_time`` seconds each. By default
+    those that compute no FLOPs where FLOPs tell the candidates apart (pointwise ops,
+    copies, gathers, reductions: a pass over memory at most, none where the compiler fuses
+    them into their reader, plus their transcendentals), else those at the smallest
+    positive recompute time (a problem whose FLOPs are all zero, or all its costs)."""
+    recomputable = [v for v in problem.candidates if problem.nodes[v].recomputable]
+    if free_time is None:
+        flop_free = {v for v in recomputable if problem.nodes[v].flops == 0}
+        if 0 < len(flop_free) < len(recomputable):
+            return flop_free
     times = [problem.nodes[v].time for v in problem.candidates if problem.nodes[v].time > 0]
     limit = free_time if free_time is not None else min(times, default=0.0)
-    return {v for v in problem.candidates
-            if problem.nodes[v].recomputable and problem.nodes[v].time <= limit}
+    return {v for v in recomputable if problem.nodes[v].time <= limit}
 
 
 def _free_start(problem: Problem, free_time: float | None) -> tuple[set[int], Report]:

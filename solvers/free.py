@@ -1,11 +1,12 @@
 """The plan for "no budget" under a fusing compiler: the least peak that recomputing only
 *free* values reaches, with as few recomputations as that peak allows.
 
-Under Inductor a recomputed pointwise op fuses into the kernel that reads it and costs
-about a launch (:func:`solvers.baselines.free_values`). Recomputing every free value
-(:func:`solvers.baselines.free_recompute`) is not the least peak they give: a
-recomputation keeps its inputs alive into the backward, and where those are larger than
-what it frees the peak goes up. So the choice among free values is a search:
+Under Inductor a recomputed pointwise op fuses into the kernel that reads it, or is
+rebuilt in one pass over memory for a matmul: it computes no FLOPs and costs a launch,
+that pass and its transcendentals at most (:func:`solvers.baselines.free_values`).
+Recomputing every free value (:func:`solvers.baselines.free_recompute`) is not the least
+peak they give: a recomputation keeps its inputs alive into the backward, and where
+those are larger than what it frees the peak goes up. So the choice among free values is a search:
 
 1. minimize the peak over plans that recompute free values only (CP-SAT's minimum-peak
    model on the problem where nothing else is recomputable or offloadable), hinted with

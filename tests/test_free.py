@@ -45,6 +45,23 @@ def least_by_brute_force(problem: Problem) -> int:
     return by_brute_force(problem)[0]
 
 
+def test_where_flops_are_recorded_the_free_values_are_those_computing_none() -> None:
+    """A captured problem: the matmul is cheap but computes FLOPs; the tanh and the
+    LayerNorm output it feeds cost a transcendental pass and a memory pass, but none. A
+    problem recording no FLOPs (PICKY) keeps the least-time rule."""
+    captured = Problem(nodes=(
+        node("x", size=1, resident=True),
+        node("norm", 0, size=8, time=3e-3),
+        node("mm", 1, size=8, time=1e-3, flops=2e8),
+        node("tanh", 2, size=8, time=8e-3),
+        node("grad", 3, size=8, backward=True),
+        node("gx", 1, 2, 4, size=1, backward=True, keep=True),
+    ))
+    assert free_values(captured) == {1, 3}
+    assert free_values(captured, free_time=1e-3) == {2}
+    assert free_values(PICKY) == {2, 3}
+
+
 def test_some_free_values_not_all() -> None:
     """Recomputing every free value keeps ``a`` for ``b``: higher than recomputing
     nothing, so the all-or-nothing plan recomputes nothing; recomputing ``c`` alone is
