@@ -17,7 +17,7 @@ those are larger than what it frees the peak goes up. So the choice among free v
 
 On the Llama benchmark (554 values, 164 of them free) recomputing every free value peaks
 at 808.8 MiB; step 1 finds 704.75 MiB within its 2 s stall, for 75 ms of modelled time
-(SiLU's sigmoids and the RMSNorm outputs rebuilt for their matmuls).
+(SiLU's exponentials and the RMSNorm outputs rebuilt for their matmuls).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from solvers.sat import make_peak_solver, search
 
 FREE_STALL = 2.0  # seconds without a lower peak before step 1 stops
 # Step 1's limit under ``config.deterministic``, which has no stall watch: deterministic
-# seconds of CP-SAT's interleaved portfolio, whose LP workers take 30-65 wall seconds
+# seconds of CP-SAT's interleaved portfolio, whose LP workers take 24-65 wall seconds
 # per deterministic second on this model (Llama and GPT-2 benchmark problems, 2 cores:
-# 0.1 reaches the peaks the 2 s stall does, 713.0 and 724.9 MiB, in 6.5 s and 3.0 s).
+# 0.1 reaches the peaks the 2 s stall does, 704.75 and 632.75 MiB, in 3.9 s and 2.4 s).
 FREE_WORK = 0.1
 
 
