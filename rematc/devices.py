@@ -1,15 +1,20 @@
 """Device models: how long an op takes, estimated by a roofline.
 
-``time = max(flops / peak_flops(dtype) + transcendentals * transcendental_time,
+``time = max(flops / (peak_flops(dtype) * efficiency) + transcendentals * transcendental_time,
 bytes_moved / mem_bandwidth) + launch_overhead``
+
+``efficiency`` is ``attention_efficiency`` for fused attention kernels, 1 for the rest.
 
 ``bytes_moved`` is what the op reads plus what it writes (storage bytes of its tensor
 inputs and outputs); views move nothing and cost nothing. ``transcendentals`` counts the
 elementwise exp-class functions an op evaluates (:data:`TRANSCENDENTAL_WEIGHT` per
 element): pointwise ops count no FLOPs, and on a CPU a tanh is not free once its memory
-traffic is gone, which is what happens to a recomputation fused into its reader. Peak rates are the vendors'
-dense datasheet numbers (no sparsity); CPU figures are the order of magnitude of a small
-cloud instance and are meant to be overridden (``DeviceProfile(...)`` or ``options``).
+traffic is gone, which is what happens to a recomputation fused into its reader.
+
+GPU peak rates are the vendors' dense datasheet numbers (no sparsity); their attention
+runs at the matmul peak and their transcendentals are free, both unmeasured. The CPU
+figures were measured on a 2-core cloud VM with one thread and are meant to be
+overridden (``DeviceProfile(...)`` or ``options``).
 """
 
 from __future__ import annotations
@@ -55,11 +60,10 @@ TRANSCENDENTAL_WEIGHT: dict[str, float] = {
 
 
 PROFILES: dict[str, DeviceProfile] = {
-    # A 2-core x86 cloud VM: ~100 GFLOP/s fp32 with AVX2 FMA, ~20 GB/s DRAM. CPU "offload"
-    # would be host-to-host, so there is no host tier.
-    # Measured on the benchmark machine, one thread: a 4096x512x2048 matmul 95 GFLOP/s;
-    # the flash-attention kernel forward and backward 42-44 GFLOP/s at head size 64
-    # (T 256-512; 64 at head size 128); a transcendental 0.4 ns per exp-equivalent.
+    # A 2-core x86 cloud VM, one thread: a 4096x512x2048 fp32 matmul 95 GFLOP/s; the
+    # flash-attention kernel forward and backward 42-44 GFLOP/s at head size 64 (T 256-512;
+    # 64 at head size 128); a transcendental 0.4 ns per exp-equivalent; ~20 GB/s DRAM.
+    # CPU "offload" would be host-to-host, so there is no host tier.
     "cpu": DeviceProfile(name="cpu", flops_fp32=100e9, flops_16bit=50e9, mem_bandwidth=20e9,
                          host_bandwidth=0.0, launch_overhead=2e-6, transcendental_time=0.4e-9,
                          attention_efficiency=0.45),

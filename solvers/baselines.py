@@ -43,8 +43,8 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
     ``free_time``: values costing at most this many seconds count as free (default: the
     rule of :func:`free_values`). Any set of recomputed values gives a valid plan when
     everything else the backward (or a recomputation) reads is saved, so each step is one
-    checker replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits, else
-    INFEASIBLE (greedy proves nothing: the budget may still be feasible). Past
+    checker replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits,
+    else INFEASIBLE (greedy proves nothing: the budget may still be feasible). Past
     ``config.time_limit`` it stops where it is: unfit, or fit but not yet trimmed.
     """
     t0 = time.perf_counter()

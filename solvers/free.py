@@ -6,7 +6,8 @@ rebuilt in one pass over memory for a matmul: it computes no FLOPs and costs a l
 that pass and its transcendentals at most (:func:`solvers.baselines.free_values`).
 Recomputing every free value (:func:`solvers.baselines.free_recompute`) is not the least
 peak they give: a recomputation keeps its inputs alive into the backward, and where
-those are larger than what it frees the peak goes up. So the choice among free values is a search:
+those are larger than what it frees the peak goes up. So the choice among free values
+is a search:
 
 1. minimize the peak over plans that recompute free values only (CP-SAT's minimum-peak
    model on the problem where nothing else is recomputable or offloadable), hinted with

@@ -53,7 +53,7 @@ class Node:
     backward: bool = False  # computed by the backward (tangents and all that follows them)
     size: int = 0  # bytes of the storage this value owns
     time: float = 0.0  # seconds one recomputation of it adds (the device model's estimate)
-    flops: float = 0.0  # floating-point operations, for reports
+    flops: float = 0.0  # floating-point operations: for reports, and none marks a free value
     recomputable: bool = True  # False for random ops and values that must be saved
     offloadable: bool = True  # False where no copy can stand in for it (views, symbolic sizes)
     resident: bool = False  # alive before the step (parameters, inputs): costs no budget
