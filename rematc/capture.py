@@ -622,10 +622,13 @@ def place_addmm_operands(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:
     stays where autograd placed it and the add is rewritten so that Inductor does not
     merge it (:func:`keep_unmerged`). Returns the pairs moved."""
     pairs = addmm_pairs(joint)
+    # Every pair is weighed on the graph as autograd ordered it, before any pair is moved
+    # or rewritten (a rewrite adds a node that ``position`` does not know).
     position = {n: i for i, n in enumerate(joint.graph.nodes)}
+    unmerged = {mm for mm, add in pairs.items() if held_for_addmm(mm, add, position) > val_bytes(mm)}
     moved: dict[fx.Node, fx.Node] = {}
     for mm, add in pairs.items():
-        if held_for_addmm(mm, add, position) > val_bytes(mm):
+        if mm in unmerged:
             keep_unmerged(mm, add)
         else:
             add.prepend(mm)
