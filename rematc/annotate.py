@@ -144,7 +144,7 @@ def _cost(
     moved = 0 if is_view or node.target is operator.getitem else read + nbytes
     itemsize = outs[0].element_size() if outs else 4
     time = 0.0
-    exps = transcendentals(node) if node.op == "call_function" else 0.0
+    exps = transcendentals(node)
     if node.op == "call_function" and not is_view and node.target is not operator.getitem:
         time = device.op_time(flops=flops, bytes_moved=moved, itemsize=itemsize, transcendentals=exps,
                               attention=is_attention(node))
