@@ -14,7 +14,8 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
 * a copy whose last read is by the op that takes the value's storage over
   (``Problem.taken_over``), or by that op's recomputation, ends one step before that
   read: a recomputed softmax writes over its recomputed scores as the op did in the
-  forward, so a chain recomputed before one step holds one buffer, not one per value.
+  forward, so a chain recomputed before one step holds one buffer, not one per value
+  (a backward op with ``reuses_recomputed`` false takes the saved forward copy only).
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
@@ -179,8 +180,11 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         if i in moves:  # the device copy lives until its copy to the host has run
             last[0] = max(last[0], moves[i].offload_at)
         taker = problem.taken_over.get(i)
+        # A backward taker without reuses_recomputed writes over the forward copy only.
+        takes = (len(made) if taker is None or taker < problem.n_forward
+                 or problem.nodes[taker].reuses_recomputed else 1)
         if taker is not None:
-            for j, r in enumerate(last_read):
+            for j, r in enumerate(last_read[:takes]):
                 # The last reader, the taker's op or its recomputation, writes its result
                 # over this copy; not where an inline recomputation reads the copy at the
                 # same step (it runs inside an op there, in an order steps do not resolve).

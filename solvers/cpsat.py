@@ -63,7 +63,8 @@ Constraint families (one ``add_*`` function each):
   :math:`S_v`, :math:`[P_v, L'_v]` present iff :math:`R_v` (none for an ``inline`` v),
   and :math:`[fe(v)+1, X_v]`, :math:`[Y_v, L'_v]` present iff :math:`O_v` (the device
   copy lives until its copy out ends, and again from its copy back on), with
-  :math:`L'_v = L_v - T_v`.
+  :math:`L'_v = L_v - T_v` (for the recomputed and reloaded copies :math:`L_v` where the
+  backward taker takes the saved copy only, ``Node.reuses_recomputed`` false).
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
   restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
@@ -355,7 +356,8 @@ def add_transfers(m: Model) -> None:
 
 def add_memory(m: Model, *, minimize_peak: bool) -> None:
     """cumulative(baseline b_k, [fe(v)+1, L_v'] if S_v, [P_v, L_v'] if R_v,
-    [fe(v)+1, X_v] and [Y_v, L_v'] if O_v) <= floor(B/q), with L_v' = L_v - T_v."""
+    [fe(v)+1, X_v] and [Y_v, L_v'] if O_v) <= floor(B/q), with L_v' = L_v - T_v (L_v for
+    the R and O copies where the taker takes the saved copy only)."""
     p = m.problem
     scale = p.scale
     base = baseline(p)
@@ -374,20 +376,23 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         if v in m.T:  # an interval's end must be one variable (affine)
             end = m.cp.new_int_var(p.n_forward, p.last_step + 1, f"end[{v}]")
             m.cp.add(end == m.L[v] + 1 - m.T[v])
-        shortest = 0 if v in m.T else 1  # recomputed right before the reader that takes it over
         intervals.append(m.cp.new_optional_interval_var(start, end - start, end, m.S[v], f"Save[{v}]"))
         demands.append(size)
+        # A copy the backward makes ends where the saved one does, or at L_v where the
+        # taker takes the saved copy only.
+        made_end = end if backward_copies_taken(p, v) else m.L[v] + 1
+        shortest = 0 if v in m.T and backward_copies_taken(p, v) else 1  # recomputed right before its taker
         if not p.nodes[v].inline:
             length = m.cp.new_int_var(shortest, p.last_step - p.n_forward + 1, f"len[{v}]")
             intervals.append(
-                m.cp.new_optional_interval_var(m.P[v], length, end, m.R[v], f"Recompute[{v}]")
+                m.cp.new_optional_interval_var(m.P[v], length, made_end, m.R[v], f"Recompute[{v}]")
             )
             demands.append(size)
         if v in m.O:
             out_len = m.cp.new_int_var(1, p.n_forward, f"out_len[{v}]")
             intervals.append(m.cp.new_optional_interval_var(start, out_len, m.X[v] + 1, m.O[v], f"Out[{v}]"))
             in_len = m.cp.new_int_var(shortest, p.last_step - p.n_forward + 1, f"in_len[{v}]")
-            intervals.append(m.cp.new_optional_interval_var(m.Y[v], in_len, end, m.O[v], f"In[{v}]"))
+            intervals.append(m.cp.new_optional_interval_var(m.Y[v], in_len, made_end, m.O[v], f"In[{v}]"))
             demands += [size, size]
     floor = scale.mem(max(base, default=0))
     if minimize_peak:
@@ -405,7 +410,8 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     b_k + sum_{v: fe(v) < k <= e(v)} s_v S_v + sum_{v: min bu(v) <= k <= e(v)} s_v (R_v + O_v)
         + sum_{v: k = fe(v)+1} s_v O_v <= floor(B/q)
 
-    with e(v) = max bu(v) (one less where that op takes v over), or F for a value only
+    with e(v) = max bu(v) (one less where that op takes v over: for R_v and O_v only where it
+    takes the backward's copies too), or F for a value only
     recomputed users read (saved, it lives at least to the backward's first step; F - 1
     where a recomputation may take it over there), and
     no R_v term for an inline v (its recomputation holds no memory). Each term is live whatever the other decisions,
@@ -429,7 +435,8 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         for k in range(p.forward_end(v) + 1, end + 1):
             rows.setdefault(k, []).append((m.S[v], size))
         if bu:
-            for k in range(min(bu), end + 1):
+            made_end = end if backward_copies_taken(p, v) else max(bu)
+            for k in range(min(bu), made_end + 1):
                 if not p.nodes[v].inline:
                     rows.setdefault(k, []).append((m.R[v], size))
                 if v in m.O:
@@ -670,6 +677,14 @@ def hint(model: Model, plan: Plan) -> None:
                             if r != w and p.nodes[r].inline and plan.decisions.get(r) is Decision.RECOMPUTE)
                 model.cp.add_hint(model.T[v], plan.decisions.get(w) is Decision.RECOMPUTE
                                   and last.get(v) == anchor.get(w) and alone)
+
+
+def backward_copies_taken(p: Problem, v: int) -> bool:
+    """Whether the op that takes v's storage over (if any) takes a copy the backward
+    makes (recomputed or reloaded) as well as the saved one: not for a backward taker
+    without ``Node.reuses_recomputed``."""
+    w = p.taken_over.get(v)
+    return w is None or w < p.n_forward or p.nodes[w].reuses_recomputed
 
 
 def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:

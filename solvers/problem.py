@@ -18,7 +18,8 @@ in :mod:`solvers.cpsat` encodes it):
   early, so the two do not both count at that step: each copy whose last read is that
   reader's (:attr:`Problem.taken_over`), or that reader's recomputation, where it is a
   forward op. A saved or offloaded forward copy is a forward output, which is never
-  overwritten in the forward;
+  overwritten in the forward; a backward reader with ``reuses_recomputed`` false takes
+  over the saved forward copy only, never a copy the backward recomputes or reloads;
 * in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
   ops that read it compute it themselves (Inductor inlines a cheap elementwise value
   into each elementwise reader), so the values it reads are read at each of its reads.
@@ -61,6 +62,10 @@ class Node:
     # A dep of the same size whose storage this value may be written into when it is that
     # dep's last reader (Inductor's in-place reuse of a dying input by an elementwise kernel).
     reuses: int | None = None
+    # False: a backward op writes over ``reuses``'s saved forward copy only, not over a copy
+    # the backward makes (a recomputation or reload): Inductor stores an intermediate of the
+    # kernel ahead of that copy and writes over the intermediate instead.
+    reuses_recomputed: bool = True
     # Recomputed, it is computed inside each op that reads it rather than stored (Inductor
     # inlines a cheap elementwise value into every elementwise reader): the recomputation
     # holds no memory, and what it reads is read at each of its reads instead.
@@ -291,6 +296,8 @@ def _validate(p: Problem) -> None:
             raise ProblemError(f"{where}: a resident value must be a forward input with no deps")
         if n.reuses is not None and (not _is_int(n.reuses) or n.reuses not in n.deps):
             raise ProblemError(f"{where}: reuses must be one of its deps {list(n.deps)}, got {n.reuses!r}")
+        if not isinstance(n.reuses_recomputed, bool):
+            raise ProblemError(f"{where}: reuses_recomputed must be a bool, got {n.reuses_recomputed!r}")
     if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
         raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
     bw = p.host_bandwidth

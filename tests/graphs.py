@@ -103,15 +103,16 @@ def inline_beside_taker() -> Problem:
     )
 
 
-def backward_takeover(host_bandwidth: float = 0.0) -> Problem:
+def backward_takeover(host_bandwidth: float = 0.0, *, saved_only: bool = False) -> Problem:
     """#4 g2 is written over #0 x, its last reader. #1 w is read by #5 g3, after g2: a
-    recomputation of w reads x after g2, which then does not take x's copy over."""
+    recomputation of w reads x after g2, which then does not take x's copy over. With
+    ``saved_only`` g2 takes x's saved copy only, not one recomputed or reloaded."""
     return P(
         node("x", size=2, time=1.0),  # 0
         node("w", 0, size=1, time=1.0),  # 1
         node("loss", 1, size=1, keep=True, time=3.0),  # 2
         node("g1", 2, size=2, backward=True, time=3.0),  # 3
-        node("g2", 0, 3, size=2, backward=True, reuses=0),  # 4
+        node("g2", 0, 3, size=2, backward=True, reuses=0, reuses_recomputed=not saved_only),  # 4
         node("g3", 1, 4, size=1, backward=True, keep=True),  # 5
         host_bandwidth=host_bandwidth,
     )

@@ -157,6 +157,18 @@ def test_a_backward_copy_is_taken_over_by_its_last_reader() -> None:
     assert run(plain, {0: S, 1: S}).timeline == (2, 3, 4, 6, 8, 5)
 
 
+def test_a_saved_only_taker_leaves_recomputed_and_reloaded_copies() -> None:
+    # g2 takes x's saved copy (as above) but not a copy the backward makes: x recomputed
+    # before step 4 lives [4,4] beside g2; copied back beside step 3, [3,4].
+    p = backward_takeover(saved_only=True)
+    assert p.taken_over == {0: 4}
+    assert run(p, {0: S, 1: S}).timeline == (2, 3, 4, 6, 6, 5)
+    assert run(p, {0: R, 1: S}).timeline == (2, 3, 2, 4, 8, 5)
+    offload = backward_takeover(host_bandwidth=1.0, saved_only=True)
+    plan = plan_from_decisions(offload, {0: OFF, 1: S}, {0: (2, 3)})
+    assert check(offload, plan).timeline == (2, 3, 4, 6, 8, 5)
+
+
 def test_an_offloaded_copy_back_is_taken_over() -> None:
     # x copied out beside step 2 (its device copy [0,2]) and back beside step 3 ([3,3],
     # not [3,4]: g2 writes over it).

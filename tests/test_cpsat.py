@@ -211,6 +211,8 @@ HAND: dict[str, Problem] = {
     "forward_takeover": forward_takeover(),  # an in-place reader in the forward
     "backward_takeover": backward_takeover(),  # ... in the backward, unless read later
     "backward_takeover_offload": backward_takeover(host_bandwidth=1.0),
+    "saved_only_takeover": backward_takeover(saved_only=True),  # ... of the saved copy only
+    "saved_only_takeover_offload": backward_takeover(host_bandwidth=1.0, saved_only=True),
     "recomputed_takeover": recomputed_takeover(),  # ... by the in-place reader's recomputation
     "inline_beside_taker": inline_beside_taker(),  # ... unless an inline read is at its step
 }
@@ -492,6 +494,7 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
             name=f"b{k}",
             deps=tuple(sorted(reads)),
             reuses=reuses,
+            reuses_recomputed=reuses is None or draw(st.booleans()),  # or the saved copy only
             size=nodes[reuses].size if reuses is not None else unit * draw(st.integers(0, 6)),
             time=float(draw(st.integers(0, 5))) if offload else 0.0,  # compute to hide copies under
             backward=True,

@@ -187,6 +187,8 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("reuses a non-dep", edit(set_node(3, "reuses", 0)), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 0$"),
     ("reuses as text", edit(set_node(3, "reuses", "f1")), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 'f1'$"),
     ("inline not a bool", edit(set_node(3, "inline", 1)), r"^nodes\[3\]\.inline: expected true or false, got 1$"),
+    ("reuses_recomputed not a bool", edit(set_node(3, "reuses_recomputed", "no")),
+     r"^nodes\[3\]\.reuses_recomputed: expected true or false, got 'no'$"),
     ("fractional size", edit(set_node(3, "size", 4.0)), r"^nodes\[3\]\.size: .* got 4\.0$"),
     ("bool size", edit(set_node(3, "size", True)), r"^nodes\[3\]\.size: .* got True$"),
     ("time not a number", edit(set_node(2, "time", "fast")), r"^nodes\[2\]\.time: expected a number of seconds, got 'fast'$"),
@@ -364,7 +366,8 @@ def problems(draw: st.DrawFn) -> Problem:
             name=name, op=draw(st.text(max_size=8)), deps=reads, backward=backward,
             size=draw(st.integers(0, 2**40)), time=draw(amounts), flops=draw(amounts),
             recomputable=draw(st.booleans()), resident=resident, keep=draw(st.booleans()),
-            reuses=draw(st.sampled_from([None, *reads])), inline=draw(st.booleans()),
+            reuses=draw(st.sampled_from([None, *reads])), reuses_recomputed=draw(st.booleans()),
+            inline=draw(st.booleans()),
         ))
     return Problem(
         nodes=tuple(nodes),
