@@ -235,6 +235,31 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, flo
     return front
 
 
+def point_labels(rows: Sequence[dict[str, Any]], *, spread: float = 0.02) -> list[tuple[str, float, float]]:
+    """``(text, step, MiB)`` per point to name: each PyTorch configuration, and one label
+    for each cluster of rematc rows whose peaks lie within ``spread`` of the cluster's
+    lowest, at the fastest of them with their count (at loose budgets many rows take one
+    plan, and their names would print over each other)."""
+    labels: list[tuple[str, float, float]] = []
+    clusters: list[list[dict[str, Any]]] = []
+    for r in sorted(rows, key=lambda r: r["peak_bytes"]):
+        if not str(r.get("family", "")).startswith("rematc"):
+            labels.append((r["config"], r["step_s"], r["peak_bytes"] / MiB))
+        elif clusters and r["peak_bytes"] <= clusters[-1][0]["peak_bytes"] * (1 + spread):
+            clusters[-1].append(r)
+        else:
+            clusters.append([r])
+    for members in clusters:
+        fastest = min(members, key=lambda r: r["step_s"])
+        text = fastest["config"]
+        if len(members) > 1:
+            lo, hi = members[0]["peak_bytes"] / MiB, members[-1]["peak_bytes"] / MiB
+            span = f"{lo:.1f} MiB" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f} MiB"
+            text = f"rematc, {len(members)} rows at {span}"
+        labels.append((text, fastest["step_s"], fastest["peak_bytes"] / MiB))
+    return labels
+
+
 def plot(model: str, rows: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -248,9 +273,8 @@ def plot(model: str, rows: Sequence[dict[str, Any]], path: Path) -> None:
         if pts:
             ax.scatter([r["step_s"] for r in pts], [r["peak_bytes"] / MiB for r in pts],
                        marker=marker, color=color, label=fam, zorder=3)
-    for r in ok:
-        ax.annotate(r["config"], (r["step_s"], r["peak_bytes"] / MiB), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
+    for text, x, y in point_labels(ok):
+        ax.annotate(text, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     front = pareto_front([(r["step_s"], r["peak_bytes"] / MiB) for r in ok])
     if len(front) > 1:
         xs, ys = zip(*front, strict=True)

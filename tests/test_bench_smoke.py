@@ -134,6 +134,20 @@ def test_pareto_front() -> None:
         (0.5, 9.0), (1.0, 5.0), (3.0, 2.0)]
 
 
+def test_point_labels_name_a_cluster_of_rematc_rows_once() -> None:
+    rows = [
+        {"config": "compile_default", "family": "compile", "step_s": 1.0, "peak_bytes": 10 * run.MiB},
+        {"config": "rematc_80%", "family": "rematc", "step_s": 1.2, "peak_bytes": 6 * run.MiB},
+        {"config": "rematc_60%", "family": "rematc", "step_s": 1.1, "peak_bytes": 6 * run.MiB},
+        {"config": "rematc_knapsack_60%", "family": "rematc knapsack", "step_s": 1.3, "peak_bytes": 6 * run.MiB},
+        {"config": "rematc_45%", "family": "rematc", "step_s": 1.4, "peak_bytes": 4 * run.MiB},
+    ]
+    assert sorted(run.point_labels(rows)) == sorted([
+        ("compile_default", 1.0, 10.0), ("rematc, 3 rows at 6.0 MiB", 1.1, 6.0), ("rematc_45%", 1.4, 4.0)])
+    rows[1]["peak_bytes"] = int(6.1 * run.MiB)  # within 2% of 6.0
+    assert ("rematc, 3 rows at 6.0-6.1 MiB", 1.1, 6.0) in run.point_labels(rows)
+
+
 def test_tables_of_a_run_without_the_default_compile() -> None:
     """A run of one PyTorch configuration (an A/B rerun) has no step ratio to print: the
     equal-memory section leaves its cell empty (it raised KeyError on ``vs_compile``)."""
