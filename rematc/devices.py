@@ -62,7 +62,11 @@ TRANSCENDENTAL_WEIGHT: dict[str, float] = {
 PROFILES: dict[str, DeviceProfile] = {
     # A 2-core x86 cloud VM, one thread: a 4096x512x2048 fp32 matmul 95 GFLOP/s; the
     # flash-attention kernel forward and backward 42-44 GFLOP/s at head size 64 (T 256-512;
-    # 64 at head size 128); a transcendental 0.4 ns per exp-equivalent; ~20 GB/s DRAM.
+    # 64 at head size 128); a transcendental 0.4 ns per exp-equivalent. Memory: an fp32 add
+    # into an existing buffer streams 42-55 GB/s at 31-128 MiB, but into a fresh one of
+    # 32 MiB or more 7.2-7.5 GB/s (glibc maps such allocations anew; first touches fault
+    # at ~2.9 GB/s); below 32 MiB freed memory is reused. The 20 GB/s here sits between;
+    # the op-by-op added time of a benchmark plan measured 0.99 of its prediction with it.
     # CPU "offload" would be host-to-host, so there is no host tier.
     "cpu": DeviceProfile(name="cpu", flops_fp32=100e9, flops_16bit=50e9, mem_bandwidth=20e9,
                          host_bandwidth=0.0, launch_overhead=2e-6, transcendental_time=0.4e-9,
