@@ -13,6 +13,7 @@ alive at the replay's peak, they show what the memory model does not follow
 benchmark's ``rematc_knapsack_<budget>`` rows do.
 
     python -m bench.replay --model unet --batch 4 --budget 45% [--small] [--top 20] [--knapsack]
+    python -m bench.replay --model gpt2_sdpa --device cuda   # peak by max_memory_allocated
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 import rematc
 from bench import configs, models
-from rematc.memory import profiler_peak
+from rematc.memory import measure_peak
 from solvers.checker import check, value_intervals
 from solvers.plan import Plan
 from solvers.problem import Problem
@@ -111,21 +112,25 @@ def replay(step: Callable[[], object], modules: list[Any], before: set[int]) -> 
 
 @dataclass
 class Replayed:
-    measured: int  # the profiler's peak of one step, bytes
+    measured: int  # the peak of one step (profiler on the CPU, max_memory_allocated on CUDA), bytes
     modules: int  # generated modules seen compiling (forward, backward)
     peaks: list[Peak]  # each module's peak in the replayed step
 
 
 def replay_step(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], compiled: Callable[..., Any]) -> Replayed:
-    """Compile (the first step), measure one step with the profiler, then replay one."""
+    """Compile (the first step), measure one step (``rematc.memory.measure_peak`` on the
+    inputs' device), then replay one."""
+    device = inputs[0].device
 
     def step() -> None:
         compiled(*inputs).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     with generated_modules() as modules:
         step()
     model.zero_grad(set_to_none=True)
-    measured = profiler_peak(step)
+    measured = measure_peak(step, device=device)
     model.zero_grad(set_to_none=True)
     before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
     return Replayed(measured, len(modules), replay(step, modules, before))
@@ -140,16 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=20, help="buffers to list at each peak")
     p.add_argument("--knapsack", action="store_true",
                    help="plan with PyTorch's knapsack choice (bench.configs.use_knapsack), not CP-SAT")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (TF32 matmuls, as bench.run)")
     a = p.parse_args(argv)
     torch._inductor.config.force_disable_caches = True  # compile, so the modules are seen
     if a.knapsack:
         configs.use_knapsack()
     model, inputs = models.make(a.model, batch=a.batch, small=a.small)
+    if a.device != "cpu":
+        torch.set_float32_matmul_precision("high")
+        model.to(a.device)
+        inputs = tuple(x.to(a.device) for x in inputs)
     compiled = rematc.compile(model, budget=configs.rematc_budget(a.budget), compiler="inductor", cache_dir=None)
 
     result = replay_step(model, inputs, compiled)
     record = rematc.records()[-1]
-    print(f"measured (profiler) {result.measured:,} B; predicted {record.predicted_peak:,} B; "
+    print(f"measured {result.measured:,} B; predicted {record.predicted_peak:,} B; "
           f"budget {record.budget if record.budget is not None else 'none'}")
     for peak in result.peaks:
         print(f"\n{peak.module}: {peak.nbytes:,} B at line {peak.line}: {peak.source[:160]}")

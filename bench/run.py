@@ -48,7 +48,7 @@ COLUMNS = (
     "compile_s", "loss", "grad_norm", "budget_bytes", "unconstrained_peak_bytes",
     "predicted_peak_bytes", "predicted_added_s", "predicted_overhead", "added_flops_frac",
     "solve_s", "partition_s", "solver", "status", "graphs", "recomputed", "saved",
-    "min_feasible_bytes",
+    "offloaded", "min_feasible_bytes", "device",
 )
 
 
@@ -57,7 +57,7 @@ def run_worker(model: str, config: str, args: argparse.Namespace, *, mode: str =
     cmd = [sys.executable, "-m", "bench.worker", "--model", model, "--config", config,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--mode", mode,
            "--rematc-compiler", args.rematc_compiler, "--time-limit", str(args.time_limit),
-           "--workers", str(args.workers), "--threads", str(args.threads)]
+           "--workers", str(args.workers), "--threads", str(args.threads), "--device", args.device]
     if args.batch is not None:
         cmd += ["--batch", str(args.batch)]
     if args.small:
@@ -186,10 +186,13 @@ def _secs(v: Any) -> str:
 def markdown(model: str, rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
     spec = models.MODELS[model]
     batch = next((r["batch"] for r in rows if r.get("batch")), args.batch or spec.batch)
+    cuda = args.device.startswith("cuda")
+    where = ("CUDA (TF32 matmuls). Peak: `torch.cuda.max_memory_allocated` during one step"
+             if cuda else "CPU. Peak: `rematc.memory.profiler_peak` of one step")
     lines = [
         f"# {model}", "",
-        f"{spec.note}; batch {batch}{' (toy sizes)' if args.small else ''}, fp32, CPU. "
-        f"Peak: `rematc.memory.profiler_peak` of one step, bytes above the pre-step live set "
+        f"{spec.note}; batch {batch}{' (toy sizes)' if args.small else ''}, fp32, {where}, "
+        f"bytes above the pre-step live set "
         f"(includes the gradients). Step: median of {args.steps} steps after {args.warmup} "
         f"warm-up, default malloc, {args.threads or 'default'} torch thread(s); ratio to "
         f"`compile_default` of the same run. Compile: first "
@@ -322,6 +325,7 @@ def machine_info(argv: Sequence[str], module: str = "bench.run") -> dict[str, An
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu, "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch_threads": torch.get_num_threads(), "memory_bytes": mem,
         "platform": platform.platform(), "python": platform.python_version(),
@@ -377,6 +381,8 @@ def add_worker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=0, help="CP-SAT workers; 0 = 8, its full portfolio")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker; 0 = default")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, or cuda: peak by torch.cuda.max_memory_allocated, TF32 matmuls")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,10 @@ rematc's solver hook are process-wide; Inductor caches are off so every compile 
 
 ``--mode time`` (default malloc): ``warmup`` steps (the first one compiles; its time less
 the median is the compile time), the median of ``steps`` timed steps, then the peak of one
-more step by ``rematc.memory.profiler_peak``. ``--mode rss`` (started with
+more step by ``rematc.memory.profiler_peak`` on the CPU, or ``rematc.memory.cuda_peak``
+(``torch.cuda.max_memory_allocated``) with ``--device cuda``, where every timed step ends
+with a synchronize and fp32 matmuls run on TF32 tensor cores, the rate rematc's GPU
+profiles assume. ``--mode rss`` (started with
 ``MALLOC_MMAP_THRESHOLD_=65536``): warm-up, then the peak by ``rematc.memory.rss_peak``, as
 a cross-check. ``--mode ops``: as ``time``, then each op's self CPU time in one more
 step, profiled (``bench.ops``). In all, ``zero_grad(set_to_none=True)`` runs before each
@@ -39,18 +42,27 @@ import torch
 
 import rematc
 from bench import configs, models
-from rematc.memory import profiler_peak, rss_peak
+from rematc.memory import measure_peak, rss_peak
+from solvers import Decision
 
 
 def measure(model_name: str, config: str, *, batch: int | None, steps: int, warmup: int,
-            mode: str, settings: configs.Settings, small: bool = False) -> dict[str, Any]:
+            mode: str, settings: configs.Settings, small: bool = False,
+            device: str = "cpu") -> dict[str, Any]:
     """Everything measured for one configuration (a JSON-able dict)."""
     torch.manual_seed(0)
     model, inputs = models.make(model_name, batch=batch, small=small)
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        if mode != "time":
+            raise ValueError(f"--mode {mode} measures the CPU; on {device} only --mode time")
+        torch.set_float32_matmul_precision("high")
+        model.to(device)
+        inputs = tuple(x.to(device) for x in inputs)
     model.train()
     built = configs.build(config, model, settings)
     out: dict[str, Any] = {"model": model_name, "config": config, "family": built.family,
-                           "budget_arg": built.budget, "mode": mode,
+                           "budget_arg": built.budget, "mode": mode, "device": device,
                            "batch": int(inputs[0].shape[0]), "threads": torch.get_num_threads(),
                            "params_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
     rematc.clear_records()
@@ -58,6 +70,8 @@ def measure(model_name: str, config: str, *, batch: int | None, steps: int, warm
     def step() -> torch.Tensor:
         loss = built.fn(*inputs)
         loss.backward()
+        if cuda:  # the step's kernels and copies finish inside its time
+            torch.cuda.synchronize(device)
         return loss
 
     times: list[float] = []
@@ -74,7 +88,7 @@ def measure(model_name: str, config: str, *, batch: int | None, steps: int, warm
     model.zero_grad(set_to_none=True)
     gc.collect()
     if mode in ("time", "ops"):
-        out["peak_bytes"] = profiler_peak(step)
+        out["peak_bytes"] = measure_peak(step, device=device)
         median = statistics.median(times) if times else math.nan
         out.update(first_step_s=first, step_s=median, step_min_s=min(times, default=math.nan),
                    step_times_s=times, compile_s=first - median)
@@ -121,6 +135,7 @@ def rematc_summary() -> dict[str, Any]:
         "solver": "+".join(sorted({r.solver for r in recs})),
         "status": "+".join(sorted({r.status for r in recs})),
         "recomputed": sum(len(r.recomputed) for r in recs),
+        "offloaded": sum(len(r.plan.of(Decision.OFFLOAD)) for r in recs if r.plan is not None),
         "saved": sum(len(r.saved) for r in recs),
     }
 
@@ -138,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (peak by max_memory_allocated)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -145,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                 workers=a.workers)
     try:
         result = measure(a.model, a.config, batch=a.batch, steps=a.steps, warmup=a.warmup,
-                         mode=a.mode, settings=settings, small=a.small)
+                         mode=a.mode, settings=settings, small=a.small, device=a.device)
         result["ok"] = True
     except Exception as e:  # one failed configuration is a row, not the end of the run
         # Dynamo wraps backend errors (BackendCompilerFailed); report the backend's own.

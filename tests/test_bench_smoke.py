@@ -158,3 +158,18 @@ def test_tables_of_a_run_without_the_default_compile() -> None:
     assert "vs_compile" not in rows[0]
     text = summary.markdown(rows)
     assert "| amb_0.3 | 811.8 |  | not run | |" in text
+
+
+def test_table_names_the_device_and_its_peak_method() -> None:
+    """A CUDA run's table says its peak is ``torch.cuda.max_memory_allocated``, a CPU run's
+    the profiler's; the worker refuses the CPU-only modes on CUDA before compiling anything."""
+    from bench import worker
+
+    rows = [{"config": "eager", "family": "eager", "ok": True, "peak_bytes": 2**20, "step_s": 0.1, "batch": 2}]
+    for device, method in (("cpu", "rematc.memory.profiler_peak"), ("cuda", "torch.cuda.max_memory_allocated")):
+        args = run.parse_args(["--models", "gpt_tiny", "--configs", "eager", "--device", device])
+        head = run.markdown("gpt_tiny", rows, args).splitlines()[2]
+        assert method in head and ("CUDA" in head) == (device == "cuda")
+    with pytest.raises(ValueError, match="only --mode time"):
+        worker.measure("gpt_tiny", "eager", batch=2, steps=1, warmup=1, mode="rss",
+                       settings=configs.Settings(), device="cuda")

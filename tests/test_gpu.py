@@ -5,6 +5,12 @@ is compared with the predicted one, which the test prints."""
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,6 +27,7 @@ pytestmark = [
 ]
 
 CONFIG = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=256, vocab=2048, dropout=0.1)
+ROOT = Path(__file__).resolve().parent.parent
 SLACK = 1.05  # allocator rounding and workspace the model does not count
 
 
@@ -35,7 +42,11 @@ def step(budget: float, host_bandwidth: float | None) -> tuple[int, rematc.Parti
     return peak, rematc.records()[-1]
 
 
-@pytest.mark.parametrize("budget", [0.8, 0.6, 0.45])
+# Fractions of the everything-saved peak. The plan without a budget (free recomputations)
+# peaks at about 41% of it on an H100, so 80% takes that plan and 36% / 30% make CP-SAT
+# plan for the budget. Measured on an H100 (torch 2.11, the GPU image's): 0.94-1.01 of the
+# predicted peak at these; at 25% 1.06-1.10, over its budget (docs/benchmarks.md, GPU).
+@pytest.mark.parametrize("budget", [0.8, 0.36, 0.3])
 @pytest.mark.parametrize("offload", [False, True], ids=["recompute-only", "with-offload"])
 def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
                                           same_random_as_eager: None) -> None:
@@ -47,3 +58,23 @@ def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
     assert peak <= record.budget * SLACK
     if not offload:
         assert not record.plan.of(Decision.OFFLOAD)
+
+
+@pytest.mark.slow
+def test_bench_harness_on_cuda(tmp_path: Path) -> None:
+    """``bench.run --device cuda`` on the tiny GPT: rows measured by
+    ``max_memory_allocated``, rematc's prediction beside them, equal losses."""
+    cmd = [sys.executable, "-m", "bench.run", "--models", "gpt_tiny", "--configs", "compile_default",
+           "rematc_60%", "--device", "cuda", "--steps", "3", "--warmup", "1", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(tmp_path / "gpt_tiny.csv", newline="") as f:
+        rows = {r["config"]: r for r in csv.DictReader(f)}
+    for r in rows.values():
+        assert r["ok"] == "True", r["error"]
+        assert r["device"] == "cuda" and int(r["peak_bytes"]) > 0
+    planned = rows["rematc_60%"]
+    assert int(planned["predicted_peak_bytes"]) <= int(planned["budget_bytes"])
+    assert float(planned["loss"]) == pytest.approx(float(rows["compile_default"]["loss"]), rel=1e-4)
+    assert "max_memory_allocated" in (tmp_path / "gpt_tiny.md").read_text()
