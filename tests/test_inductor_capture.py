@@ -25,6 +25,7 @@ from torch._inductor.utils import run_and_get_code
 import rematc
 from rematc.capture import Captured, addmm_pairs, held_for_addmm
 from rematc.devices import profile_for
+from rematc.models import GPTConfig, make_gpt
 from rematc.partition import capture_stage
 from solvers import check
 from solvers.baselines import plan_with
@@ -449,6 +450,38 @@ def test_log_softmax_reads_the_logits_and_is_written_over_them(head: tuple[Captu
     fused_fwd = max(check(fused.problem, plan_with(fused.problem, set())).timeline[:fwd])
     logits_bytes = fused.problem.nodes[logits].size
     assert fused_fwd < 2 * logits_bytes <= plain_fwd
+
+
+def test_a_backward_kernel_takes_a_saved_value_over_only_when_it_is_donated() -> None:
+    """A saved forward value reaches the backward as a graph input, which Inductor writes
+    over only while AOTAutograd donates saved values (``donated_buffer``): the tiny GPT's
+    GELU backward takes the saved tanh over with the flag on, nothing of the forward with
+    it off, where the model counts both; the forward's own take-overs stay."""
+    model, (idx, targets) = make_gpt(GPTConfig.tiny(), batch=2, seed=0)
+
+    class Loss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, i: torch.Tensor) -> torch.Tensor:
+            return self.model(i, targets)
+
+    gm, kwargs = joint_graph(Loss(), idx)
+
+    def taken(c: Captured, *, backward: bool) -> list[tuple[str, str]]:
+        p = c.problem
+        return [(n.name, p.nodes[n.reuses].name) for n in p.nodes
+                if n.reuses is not None and n.backward == backward and not p.nodes[n.reuses].backward]
+
+    donated = captured(gm, kwargs, fuses=True)
+    with torch._functorch.config.patch(donated_buffer=False):
+        kept = captured(gm, kwargs, fuses=True)
+    assert any(src.startswith("tanh") for _, src in taken(donated, backward=True))
+    assert taken(kept, backward=True) == []
+    assert taken(kept, backward=False) == taken(donated, backward=False)
+    everything = plan_with(kept.problem, set())
+    assert check(kept.problem, everything).peak >= check(donated.problem, everything).peak
 
 
 def test_backward_values_inductor_inlines_hold_no_memory(head: tuple[Captured, Captured]) -> None:
