@@ -13,14 +13,20 @@ alive at the replay's peak, they show what the memory model does not follow
 benchmark's ``rematc_knapsack_<budget>`` rows do.
 
     python -m bench.replay --model unet --batch 4 --budget 45% [--small] [--top 20] [--knapsack]
-    python -m bench.replay --model gpt2_sdpa --device cuda   # peak by max_memory_allocated
+    python -m bench.replay --model gpt2_sdpa --device cuda
+
+On CUDA the backward runs on autograd's device thread, which a line tracer set on the main
+thread does not see, so there the replay also lists the blocks alive at the step's peak
+from the caching allocator's own history (``torch.cuda.memory._record_memory_history``
+with Python stacks), each with the generated line that allocated it (:func:`live_at_peak`).
 """
 
 from __future__ import annotations
 
 import argparse
+import linecache
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
@@ -113,7 +119,7 @@ def replay(step: Callable[[], object], modules: list[Any], before: set[int]) -> 
 @dataclass
 class Replayed:
     measured: int  # the peak of one step (profiler on the CPU, max_memory_allocated on CUDA), bytes
-    modules: int  # generated modules seen compiling (forward, backward)
+    files: tuple[str, ...]  # the generated modules seen compiling (forward, backward)
     peaks: list[Peak]  # each module's peak in the replayed step
 
 
@@ -133,7 +139,63 @@ def replay_step(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], compil
     measured = measure_peak(step, device=device)
     model.zero_grad(set_to_none=True)
     before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs)}
-    return Replayed(measured, len(modules), replay(step, modules, before))
+    files = tuple(str(m.__file__) for m in modules if getattr(m, "__file__", None))
+    return Replayed(measured, files, replay(step, modules, before))
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block of the CUDA allocator alive at the step's peak."""
+
+    nbytes: int
+    where: str  # the generated line that allocated it, else the innermost Python frames
+
+
+def live_at_peak(events: list[dict[str, Any]], generated: Collection[str] = ()) -> tuple[int, list[Block]]:
+    """The most bytes the allocator's trace (``_snapshot()["device_traces"][k]``) holds
+    in blocks it allocated, and those blocks, largest first, each named by its line in
+    the ``generated`` files. A block counts from its ``alloc`` to its ``free_requested``
+    (its ``free_completed`` where no request is recorded); blocks allocated before the
+    trace are not in it."""
+    live: dict[int, dict[str, Any]] = {}
+    held, best, at_best = 0, 0, []
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            held += e["size"]
+            if held > best:
+                best, at_best = held, list(live.values())
+        elif e["action"] in ("free_requested", "free_completed") and e["addr"] in live:
+            held -= live.pop(e["addr"])["size"]
+    blocks = [Block(e["size"], allocated_at(e.get("frames", []), generated)) for e in at_best]
+    return best, sorted(blocks, key=lambda b: -b.nbytes)
+
+
+def allocated_at(frames: list[dict[str, Any]], generated: Collection[str]) -> str:
+    """The innermost frame in one of the ``generated`` files, with its source line; else
+    the innermost three frames."""
+    for f in frames:
+        path = f.get("filename", "")
+        if path in generated:
+            line = linecache.getline(path, f["line"]).strip()
+            return f"{path.rsplit('/', 1)[-1]}:{f['line']}: {line}"
+    return " < ".join(f"{f.get('name')} {f.get('filename', '').rsplit('/', 1)[-1]}:{f.get('line')}"
+                      for f in frames[:3])
+
+
+def cuda_history(step: Callable[[], object], device: torch.device,
+                 generated: Collection[str]) -> tuple[int, list[Block]]:
+    """:func:`live_at_peak` of one step, from the allocator's history on ``device``."""
+    torch.cuda.synchronize(device)
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python", device=device)
+    try:
+        step()
+        torch.cuda.synchronize(device)
+        snapshot = torch.cuda.memory._snapshot(device)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return live_at_peak(snapshot["device_traces"][index], generated)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{peak.module}: {peak.nbytes:,} B at line {peak.line}: {peak.source[:160]}")
         for name, nbytes in peak.alive[:a.top]:
             print(f"    {name:<24} {nbytes:>14,}")
+    if inputs[0].device.type == "cuda":
+        model.zero_grad(set_to_none=True)
+        held, blocks = cuda_history(lambda: compiled(*inputs).backward(), inputs[0].device, result.files)
+        print(f"\nthe allocator's history: {held:,} B at the step's peak in {len(blocks)} blocks")
+        for block in blocks[:a.top]:
+            print(f"    {block.nbytes:>14,}  {block.where[:140]}")
     step, alive = model_peak(record.problem, record.plan)
     print(f"\nthe plan's peak, step {step} ({record.problem.describe(step)}): "
           f"{sum(n for _, n in alive):,} B in {len(alive)} values")
