@@ -285,7 +285,9 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     default). With ``donated`` false no backward kernel takes a forward value over: with
     the flag off the test GPT's step measured 6.5% over the prediction that assumed it, and
     on an H100 with torch 2.11, where rematc's backward took no saved value over, the
-    GPT-2 benchmark's loss gradient stood beside the saved logits (+113 MiB).
+    GPT-2 benchmark's loss gradient stood beside the saved logits (+113 MiB). A copy the
+    backward recomputes is its own buffer and could still be taken over; the model has
+    no mark for "the recomputed copy only", so it counts none there (on the safe side).
     """
     through = frozenset(unstored)
 
