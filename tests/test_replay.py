@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -44,7 +46,7 @@ def test_model_peak_lists_what_the_checker_counts_at_its_peak() -> None:
     assert {name for name, _ in alive} >= {"f0", "f1", "f2"}
 
 
-def test_live_at_peak_reads_the_allocators_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_live_at_peak_reads_the_allocators_trace(tmp_path: Path) -> None:
     """The CUDA path's walk over the allocator's history, on a hand-built trace: the peak
     is the most bytes alive between an alloc and its free, blocks allocated before the
     trace do not count, and each block is named by its line in a generated file."""
