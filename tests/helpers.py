@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,3 +129,16 @@ def spy_step(name: str, **options: Any) -> tuple[StepResult, Spy]:
                            keep_inference_input_mutations=True)  # as rematc's eager route
     model, inputs = MODELS[name]()
     return run_step(model, torch.compile(model, backend=backend), inputs), spy
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.<module> <args>`` from the repository, with it on ``PYTHONPATH``
+    (as ``bench.run`` starts its workers); fails the test on a non-zero exit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import ab
+from tests.helpers import run_bench
 
-ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
 
 
@@ -86,12 +83,9 @@ def test_parse_args_rejects_one_or_repeated_configurations() -> None:
 
 @pytest.mark.slow
 def test_smoke_alternates_processes_and_writes_tables(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "bench.ab", "--model", "gpt_tiny", "--configs", "eager", "rematc_90%",
-           "--rounds", "2", "--small", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2",
-           "--warmup", "1", "--out", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_bench("ab", "--model", "gpt_tiny", "--configs", "eager", "rematc_90%",
+                     "--rounds", "2", "--small", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2",
+                     "--warmup", "1", "--out", str(tmp_path), timeout=300)
     with open(tmp_path / "gpt_tiny-ab.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     # Two rounds, the order rotated: eager first in round 0, rematc first in round 1.

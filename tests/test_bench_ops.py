@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import ops
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_bench
 
 
 def row(config: str, step: float, **op: tuple[float, int]) -> dict[str, object]:
@@ -52,12 +48,9 @@ def test_an_unknown_configuration_is_a_usage_error() -> None:
 
 @pytest.mark.slow
 def test_smoke_profiles_two_configurations(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "bench.ops", "--model", "gpt_tiny", "--configs", "rematc_none", "rematc_80%",
-           "--small", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2", "--warmup", "1",
-           "--out", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_bench("ops", "--model", "gpt_tiny", "--configs", "rematc_none", "rematc_80%",
+                     "--small", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2", "--warmup", "1",
+                     "--out", str(tmp_path), timeout=300)
     rows = json.loads((tmp_path / "gpt_tiny-ops.json").read_text())
     assert [r["config"] for r in rows] == ["rematc_none", "rematc_80%"]
     assert all(r["ok"] and r["ops"] and r["step_s"] > 0 for r in rows)

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,18 +19,14 @@ import torch
 from bench import configs, models, run
 from solvers import check, save_all
 from solvers.problem import chain_problem
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import run_bench
 
 
 @pytest.mark.slow
 def test_harness_writes_tables_plot_and_machine(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "bench.run", "--models", "gpt_tiny", "--configs", "eager",
-           "rematc_90%", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2",
-           "--warmup", "1", "--out", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_bench("run", "--models", "gpt_tiny", "--configs", "eager",
+              "rematc_90%", "--rematc-compiler", "eager", "--threads", "1", "--steps", "2",
+              "--warmup", "1", "--out", str(tmp_path), timeout=180)
 
     with open(tmp_path / "gpt_tiny.csv", newline="") as f:
         reader = csv.DictReader(f)

@@ -6,9 +6,6 @@ is compared with the predicted one, which the test prints."""
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ import rematc
 from rematc.memory import cuda_peak
 from rematc.models import GPTConfig, make_gpt
 from solvers import Decision
-from tests.helpers import assert_same_step, run_step
+from tests.helpers import assert_same_step, run_bench, run_step
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +24,6 @@ pytestmark = [
 ]
 
 CONFIG = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=256, vocab=2048, dropout=0.1)
-ROOT = Path(__file__).resolve().parent.parent
 SLACK = 1.05  # allocator rounding and workspace the model does not count
 
 
@@ -64,11 +60,8 @@ def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
 def test_bench_harness_on_cuda(tmp_path: Path) -> None:
     """``bench.run --device cuda`` on the tiny GPT: rows measured by
     ``max_memory_allocated``, rematc's prediction beside them, equal losses."""
-    cmd = [sys.executable, "-m", "bench.run", "--models", "gpt_tiny", "--configs", "compile_default",
-           "rematc_60%", "--device", "cuda", "--steps", "3", "--warmup", "1", "--out", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_bench("run", "--models", "gpt_tiny", "--configs", "compile_default",
+              "rematc_60%", "--device", "cuda", "--steps", "3", "--warmup", "1", "--out", str(tmp_path), timeout=600)
     with open(tmp_path / "gpt_tiny.csv", newline="") as f:
         rows = {r["config"]: r for r in csv.DictReader(f)}
     for r in rows.values():
