@@ -386,6 +386,15 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+def to_device(model: nn.Module, inputs: tuple[Tensor, ...], device: str | torch.device) -> tuple[Tensor, ...]:
+    """Move ``model`` (in place) and return ``inputs`` on ``device``. On CUDA, fp32 matmuls
+    run on TF32 tensor cores, the rate rematc's GPU device profiles assume."""
+    if torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    model.to(device)
+    return tuple(x.to(device) for x in inputs)
+
+
 def make(name: str, *, batch: int | None = None, seed: int = 0, small: bool = False) -> Example:
     """``(model, inputs)`` of benchmark model ``name`` (its benchmark batch by default)."""
     if name not in MODELS:

@@ -213,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.knapsack:
         configs.use_knapsack()
     model, inputs = models.make(a.model, batch=a.batch, small=a.small)
-    if a.device != "cpu":
-        torch.set_float32_matmul_precision("high")
-        model.to(a.device)
-        inputs = tuple(x.to(a.device) for x in inputs)
+    inputs = models.to_device(model, inputs, a.device)
     compiled = rematc.compile(model, budget=configs.rematc_budget(a.budget), compiler="inductor", cache_dir=None)
 
     result = replay_step(model, inputs, compiled)

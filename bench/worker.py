@@ -56,9 +56,7 @@ def measure(model_name: str, config: str, *, batch: int | None, steps: int, warm
     if cuda:
         if mode != "time":
             raise ValueError(f"--mode {mode} measures the CPU; on {device} only --mode time")
-        torch.set_float32_matmul_precision("high")
-        model.to(device)
-        inputs = tuple(x.to(device) for x in inputs)
+        inputs = models.to_device(model, inputs, device)
     model.train()
     built = configs.build(config, model, settings)
     out: dict[str, Any] = {"model": model_name, "config": config, "family": built.family,
