@@ -17,9 +17,10 @@ import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
+from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
 from rematc.options import Options
-from rematc.partition import BudgetShare, RematPartitioner
+from rematc.partition import BudgetShare, RematPartitioner, lost_donations
 from rematc.reuse import allocate_line, planned_reuse
 
 
@@ -48,7 +49,8 @@ class Backend:
         if self.options.compiler == "inductor":
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-            inner = compile_fx_inner
+            inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
+                                       lambda gone: lost_donations(partitioner, gone))
             if self.options.budget is not None:
                 inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,

@@ -18,6 +18,7 @@ import logging
 import pathlib
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -44,6 +45,7 @@ from rematc import plancache
 from rematc.annotate import NodeCost, annotate
 from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for
+from rematc.donation import expected_donations
 from rematc.emit import emit, verify
 from rematc.errors import NoPlanError, SolverError
 from rematc.options import Options
@@ -96,6 +98,10 @@ class PartitionRecord:
     held_before: int = 0  # bytes held by earlier graphs of the step, taken off the budget
     holds: int = 0  # bytes this graph's plan holds when its forward ends (saved + outputs)
     size_bounds: tuple[str, ...] = ()  # guards added so the plan serves only these shapes
+    # Bytes of saved values the model lets a backward kernel write over that AOTAutograd did
+    # not donate (rematc.donation): the measured peak may exceed the prediction by this much.
+    # Set when the backward compiles (Inductor only).
+    undonated: int = 0
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -166,6 +172,21 @@ class BudgetShare:
             )
 
 
+def lost_donations(partitioner: RematPartitioner, gone: dict[str, int]) -> None:
+    """Note on the partitioner's record the bytes of donations that did not come."""
+    old = partitioner.record()
+    if old is None:
+        return
+    new = replace(old, undonated=sum(gone.values()))
+    partitioner.record = weakref.ref(new)
+    for i, r in enumerate(_RECORDS):
+        if r is old:
+            _RECORDS[i] = new
+    log.info("rematc: %d B of saved values the plan lets the backward write over were not "
+             "donated (%s): the peak may exceed the predicted %d B by that much",
+             new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
+
+
 class GraphBreakWarning(UserWarning):
     """The step compiled to several graphs: they share the budget and cost memory."""
 
@@ -178,6 +199,11 @@ class RematPartitioner(CustomPartitionerFn):
         # pool's rule under a budget (rematc.reuse); None before a plan, without a budget or
         # off Inductor.
         self.room: Room | None = None
+        # The saved values the last plan needs donated (rematc.donation), and its record
+        # (by weak reference: Inductor deep-copies its config, this partitioner included,
+        # and a record's plan does not copy).
+        self.donations: dict[str, int] = {}
+        self.record: Callable[[], PartitionRecord | None] = lambda: None
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -227,6 +253,7 @@ class RematPartitioner(CustomPartitionerFn):
         if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
             self.room = room_of(problem, result.plan, report.timeline,
                                 [[n.name for n in group] for group in captured.groups])
+            self.donations = expected_donations(problem, result.plan)
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:
@@ -243,6 +270,7 @@ class RematPartitioner(CustomPartitionerFn):
             holds=holds, size_bounds=bounds,
         )
         _RECORDS.append(record)
+        self.record = weakref.ref(record)
         log.info("rematc: %d values, budget %s B, predicted peak %d B (unconstrained %d B), "
                  "+%.3g s, %s by %s%s in %.2f s", record.values, problem.budget, report.peak,
                  unconstrained.peak, report.added_time, record.status, record.solver,
