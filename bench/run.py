@@ -48,7 +48,7 @@ COLUMNS = (
     "compile_s", "loss", "grad_norm", "budget_bytes", "unconstrained_peak_bytes",
     "predicted_peak_bytes", "predicted_added_s", "predicted_overhead", "added_flops_frac",
     "solve_s", "partition_s", "solver", "status", "graphs", "recomputed", "saved",
-    "offloaded", "min_feasible_bytes", "device",
+    "offloaded", "min_feasible_bytes", "device", "undonated_bytes",
 )
 
 
@@ -214,7 +214,7 @@ def markdown(model: str, rows: Sequence[dict[str, Any]], args: argparse.Namespac
             cells.append(_mib(r.get("rss_peak_bytes")))
         vs = r.get("vs_compile")
         cells += [_secs(r.get("step_s")), "" if vs is None else f"{vs:.2f}×",
-                  _secs(r.get("compile_s")), _mib(r.get("predicted_peak_bytes")),
+                  _secs(r.get("compile_s")), _predicted(r),
                   _pct(r.get("predicted_overhead")), _pct(r.get("added_flops_frac")),
                   _secs(r.get("solve_s")), r.get("solver") or "",
                   "" if r.get("loss") is None else f"{r['loss']:.4f}"]
@@ -222,6 +222,12 @@ def markdown(model: str, rows: Sequence[dict[str, Any]], args: argparse.Namespac
     if failed:
         lines += ["", "Failed:", "", *failed]
     return "\n".join(lines) + "\n"
+
+
+def _predicted(row: dict[str, Any]) -> str:
+    """The predicted peak, and the bytes of lost donations it may be exceeded by."""
+    lost = row.get("undonated_bytes") or 0
+    return _mib(row.get("predicted_peak_bytes")) + (f" (+{lost / MiB:.1f} undonated)" if lost else "")
 
 
 MARKERS = {"eager": ("s", "tab:gray"), "compile": ("D", "black"), "pytorch budget": ("^", "tab:orange"),

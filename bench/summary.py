@@ -28,7 +28,7 @@ from bench import configs
 MiB = 2**20
 INT_COLUMNS = {"batch", "threads", "peak_bytes", "rss_peak_bytes", "budget_bytes",
                "unconstrained_peak_bytes", "predicted_peak_bytes", "graphs", "recomputed",
-               "saved", "min_feasible_bytes"}
+               "saved", "min_feasible_bytes", "undonated_bytes"}
 TEXT_COLUMNS = {"model", "config", "family", "error", "matches", "solver", "status"}
 
 

@@ -135,6 +135,9 @@ def rematc_summary() -> dict[str, Any]:
         "recomputed": sum(len(r.recomputed) for r in recs),
         "offloaded": sum(len(r.plan.of(Decision.OFFLOAD)) for r in recs if r.plan is not None),
         "saved": sum(len(r.saved) for r in recs),
+        # Saved values the plans let a backward kernel write over that were not donated:
+        # the measured peak may exceed the prediction by this much (rematc.donation).
+        "undonated_bytes": sum(r.undonated for r in recs),
     }
 
 

@@ -166,3 +166,14 @@ def test_table_names_the_device_and_its_peak_method() -> None:
     with pytest.raises(ValueError, match="only --mode time"):
         worker.measure("gpt_tiny", "eager", batch=2, steps=1, warmup=1, mode="rss",
                        settings=configs.Settings(), device="cuda")
+
+
+def test_table_shows_the_bytes_of_lost_donations() -> None:
+    """A rematc row whose backward lost donations (rematc.donation) says by how much its
+    measured peak may exceed the prediction; a row without says nothing more."""
+    args = run.parse_args(["--models", "gpt_tiny", "--configs", "rematc_60%"])
+    row = {"config": "rematc_60%", "family": "rematc", "ok": True, "peak_bytes": 3 * run.MiB,
+           "step_s": 0.1, "batch": 2, "predicted_peak_bytes": 2 * run.MiB}
+    assert "| 2.0 |" in run.markdown("gpt_tiny", [row], args)
+    lost = {**row, "undonated_bytes": run.MiB}
+    assert "| 2.0 (+1.0 undonated) |" in run.markdown("gpt_tiny", [lost], args)

@@ -55,3 +55,15 @@ def test_a_lost_donation_is_said_and_bounds_the_excess(monkeypatch: pytest.Monke
     assert record.predicted_peak < peak <= record.predicted_peak + record.undonated, (
         f"measured {peak} B, predicted {record.predicted_peak} B + {record.undonated} B")
     assert torch.isfinite(compiled(*inputs))
+
+
+@pytest.mark.inductor
+def test_a_first_backward_with_retain_graph_loses_the_donations() -> None:
+    """AOTAutograd compiles the backward at its first call and donates nothing when that
+    call keeps the graph (``retain_graph=True``): rematc says so, with the bytes."""
+    model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
+    compiled = rematc.compile(model, compiler="inductor", cache_dir=None)
+    with pytest.warns(DonationWarning, match="retain_graph"):
+        compiled(*inputs).backward(retain_graph=True)
+    record = rematc.records()[-1]
+    assert record.undonated == sum(expected_donations(record.problem, record.plan).values()) > 0
