@@ -6,6 +6,7 @@
 
 from rematc.backend import Backend, compile, rematc_backend
 from rematc.devices import PROFILES, DeviceProfile
+from rematc.donation import DonationWarning
 from rematc.errors import NoPlanError, RematcError, SolverError
 from rematc.options import Options
 from rematc.partition import (
@@ -23,6 +24,7 @@ __all__ = [
     "Backend",
     "Budget",
     "DeviceProfile",
+    "DonationWarning",
     "GraphBreakWarning",
     "InfeasibleBudgetError",
     "NoPlanError",

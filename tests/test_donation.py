@@ -11,7 +11,8 @@ import torch
 from torch._functorch._aot_autograd import graph_compile
 
 import rematc
-from rematc.donation import DonationWarning, expected_donations
+from rematc import DonationWarning
+from rematc.donation import expected_donations
 from rematc.models import make_gpt
 from solvers.plan import Decision, plan_from_decisions
 from tests.graphs import backward_takeover
