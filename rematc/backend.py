@@ -20,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
 from rematc.options import Options
-from rematc.partition import BudgetShare, RematPartitioner, lost_donations
+from rematc.partition import BudgetShare, RematPartitioner
 from rematc.reuse import allocate_line, planned_reuse
 
 
@@ -50,7 +50,7 @@ class Backend:
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
             inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
-                                       lambda gone: lost_donations(partitioner, gone))
+                                       partitioner.lost_donations)
             if self.options.budget is not None:
                 inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,

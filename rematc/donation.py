@@ -15,7 +15,6 @@ and every plan measured 113 MiB above its prediction, with nothing to say why.
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,8 +24,6 @@ import torch.fx as fx
 
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
-
-log = logging.getLogger(__name__)
 
 
 class DonationWarning(UserWarning):
@@ -71,13 +68,12 @@ def checking_donations(inner_compile: Callable[..., Any], expected: Callable[[],
 
     @functools.wraps(inner_compile)
     def compile_checking_donations(gm: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("is_backward", False):
-            want = expected()
-            donated = donated_names(gm) if want else None
-            gone = missing(want, donated) if donated is not None else {}
-            if gone:
-                lost(gone)
-                warnings.warn(explain(gone, len(want)), DonationWarning, stacklevel=2)
+        want = expected() if kwargs.get("is_backward", False) else {}
+        donated = donated_names(gm) if want else None
+        gone = missing(want, donated) if donated is not None else {}
+        if gone:
+            lost(gone)
+            warnings.warn(explain(gone, len(want)), DonationWarning, stacklevel=2)
         return inner_compile(gm, *args, **kwargs)
 
     return compile_checking_donations

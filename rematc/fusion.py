@@ -58,16 +58,19 @@ class KeepPlanOrder:
         return getattr(self.inner, name)
 
     def can_fuse_horizontal(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-        if spans(self.extern_positions(scheduler), node1, node2):
-            _why_not(node1, node2)
-            return False
-        return bool(self.inner.can_fuse_horizontal(scheduler, node1, node2, shared_data_score))
+        return (not self.across_extern(scheduler, node1, node2)
+                and bool(self.inner.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)))
 
     def can_fuse_vertical(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+        return (not self.across_extern(scheduler, node1, node2)
+                and bool(self.inner.can_fuse_vertical(scheduler, node1, node2, shared_data_score)))
+
+    def across_extern(self, scheduler: Any, node1: Any, node2: Any) -> bool:
+        """Whether an extern kernel runs between the two; if so, said in the fusion log."""
         if spans(self.extern_positions(scheduler), node1, node2):
             _why_not(node1, node2)
-            return False
-        return bool(self.inner.can_fuse_vertical(scheduler, node1, node2, shared_data_score))
+            return True
+        return False
 
     def extern_positions(self, scheduler: Any) -> list[int]:
         """Where the scheduler's extern kernels were in the lowered order, sorted. Extern

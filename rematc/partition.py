@@ -172,21 +172,6 @@ class BudgetShare:
             )
 
 
-def lost_donations(partitioner: RematPartitioner, gone: dict[str, int]) -> None:
-    """Note on the partitioner's record the bytes of donations that did not come."""
-    old = partitioner.record()
-    if old is None:
-        return
-    new = replace(old, undonated=sum(gone.values()))
-    partitioner.record = weakref.ref(new)
-    for i, r in enumerate(_RECORDS):
-        if r is old:
-            _RECORDS[i] = new
-    log.info("rematc: %d B of saved values the plan lets the backward write over were not "
-             "donated (%s): the peak may exceed the predicted %d B by that much",
-             new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
-
-
 class GraphBreakWarning(UserWarning):
     """The step compiled to several graphs: they share the budget and cost memory."""
 
@@ -204,6 +189,21 @@ class RematPartitioner(CustomPartitionerFn):
         # and a record's plan does not copy).
         self.donations: dict[str, int] = {}
         self.record: Callable[[], PartitionRecord | None] = lambda: None
+
+    def lost_donations(self, gone: dict[str, int]) -> None:
+        """Note on the last plan's record the bytes of its donations that did not come
+        (``rematc.donation``)."""
+        old = self.record()
+        if old is None:
+            return
+        new = replace(old, undonated=sum(gone.values()))
+        self.record = weakref.ref(new)
+        for i, r in enumerate(_RECORDS):
+            if r is old:
+                _RECORDS[i] = new
+        log.info("rematc: %d B of saved values the plan lets the backward write over were not "
+                 "donated (%s): the peak may exceed the predicted %d B by that much",
+                 new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
