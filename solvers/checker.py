@@ -21,7 +21,10 @@ A value's backward consumers are the backward steps that read it and the anchor 
 the recomputed forward values that read it. Values rematerialized before the same step
 all count as live during that step, which bounds from above what the emitted code holds.
 A recomputation of an ``inline`` value (two-phase problems) holds no memory: its reads of
-its deps happen at each read it serves instead of at its own step.
+its deps happen at each read it serves instead of at its own step, and where its last
+reader takes it over, that reader takes over the copy of the value the inline one took
+over in the forward (``Problem.taken_through``). A ``fused`` forward value neither saved
+nor offloaded has no forward copy: its one forward reader computes it, and reads its deps.
 
 Added time is the compute time of every recomputation plus the transfer time compute
 does not hide: step k lasts max(c_k, out_k, in_k), where c_k is its compute time and
@@ -135,8 +138,18 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     moves = {t.node: t for t in plan.transfers}
     Key = tuple[int, int, int]  # (step, 0 for a scheduled entry / 1 for the op, order)
     copies: dict[int, list[tuple[Key, int]]] = {}  # value -> (made at, first live step)
-    recompute_reads: dict[int, list[Key]] = {}  # value -> reads by scheduled recomputations
+    # value -> reads besides its readers' own ops: by scheduled recomputations, and by the
+    # op that computes a fused value the forward does not store
+    recompute_reads: dict[int, list[Key]] = {}
     inline: dict[int, Key] = {}  # inline value -> where its recomputation is scheduled
+    unstored: set[int] = set()  # fused values without a forward copy
+    for v in range(problem.n_forward):
+        reader = problem.fused_reader(v)
+        if reader is None or plan.decisions.get(v) in (Decision.SAVE, Decision.OFFLOAD):
+            continue
+        unstored.add(v)
+        for d in set(problem.nodes[v].deps):
+            recompute_reads.setdefault(d, []).append((reader, 1, 0))
     for k, s in enumerate(plan.schedule):
         key = (s.before, 0, k)
         move = moves.get(s.node)
@@ -166,7 +179,7 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             out[i] = [(i, end)]
             continue
         users = problem.users[i]
-        if i not in copies and i not in recompute_reads:  # one copy, read by ops only
+        if i not in copies and i not in recompute_reads and i not in unstored:  # one copy, read by ops only
             out[i] = [(i, problem.fixed_end(i))]
             continue
         made = [((i, 1, 0), i), *sorted(copies.get(i, ()))]
@@ -191,8 +204,13 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
                 if r is not None and last[j] == r[0] and (r == (taker, 1, 0) or (
                         r[1] == 0 and plan.schedule[r[2]].node == taker and r[0] not in served_at.get(i, ()))):
                     last[j] = r[0] - 1
+        through = problem.taken_through.get(i)
+        if through is not None and taker in inline:  # the taker recomputed inside ``through``
+            for j, r in enumerate(last_read[:len(made) if problem.nodes[through].reuses_recomputed else 1]):
+                if r == (through, 1, 0) and last[j] == through:
+                    last[j] = through - 1
         out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
-                  if key != inline.get(i) and start <= hi]
+                  if key != inline.get(i) and not (key == (i, 1, 0) and i in unstored) and start <= hi]
     return out
 
 
@@ -314,11 +332,11 @@ def _validate_transfers(problem: Problem, plan: Plan, anchor: dict[int, int]) ->
         if t.node in seen:
             raise PlanError(f"{problem.describe(t.node)} has two transfers")
         seen.add(t.node)
-        lo = problem.last_forward_use[t.node] + 1
+        lo = problem.copy_out_from(t.node)
         if not lo <= t.offload_at < f:
             raise PlanError(
                 f"{problem.describe(t.node)} is copied out beside step {t.offload_at}; it must be "
-                f"a forward step after its last forward use ({lo}..{f - 1})"
+                f"a forward step after its last forward read ({lo}..{f - 1})"
             )
         if not f <= t.reload_at < anchor[t.node]:
             raise PlanError(

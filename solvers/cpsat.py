@@ -26,7 +26,11 @@ Variables, for :math:`v \in C`:
   consumer, so it writes over v's backward copy, which ends one step earlier; where
   :math:`w = to(v)` is a forward candidate that may be recomputed (not ``inline``): w's
   recomputation is v's last consumer and writes over v's backward copy (a recomputed
-  softmax over its recomputed scores), which ends before :math:`P_w`.
+  softmax over its recomputed scores), which ends before :math:`P_w`; where w is
+  ``inline`` and its own taker :math:`b = to(w)` is a backward step
+  (``problem.taken_through``): b computes w inside it and writes over v's copy;
+* :math:`Z_{u,j} \in \{0,1\}`, for each stretch j of :func:`fused_extensions`: u's forward
+  copy lives on over it, read by the reader of a ``fused`` value that is not stored.
 
 and, where the problem has a host link and v may be offloaded (``Node.offloadable``, a
 forward step after its last forward use and a backward step before its first read):
@@ -55,7 +59,8 @@ Constraint families (one ``add_*`` function each):
   :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
   ``inline`` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`
   for a backward :math:`to(v)`, else :math:`T_v \Rightarrow R_w \land L_v \le P_w` with
-  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's inline readers r;
+  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's inline readers r,
+  or :math:`T_v \Rightarrow R_w \land L_v \le b` where b takes v over through the inline w;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes, a candidate's forward copy to :math:`fe(v)`)
@@ -64,7 +69,11 @@ Constraint families (one ``add_*`` function each):
   and :math:`[fe(v)+1, X_v]`, :math:`[Y_v, L'_v]` present iff :math:`O_v` (the device
   copy lives until its copy out ends, and again from its copy back on), with
   :math:`L'_v = L_v - T_v` (for the recomputed and reloaded copies :math:`L_v` where the
-  backward taker takes the saved copy only, ``Node.reuses_recomputed`` false).
+  backward taker takes the saved copy only, ``Node.reuses_recomputed`` false). A ``fused``
+  v has no forward copy in the baseline: its saved and offloaded intervals start at v.
+  The stretches u's copy lives on for fused readers add :math:`[a_j, b_j]` present iff
+  :math:`Z_{u,j}`, with :math:`Z_{u,j} + S_u + O_u + S_w + O_w \ge 1` for each fused w
+  whose reader reads u at :math:`b_j` or later (u stored covers them itself).
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
   restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
@@ -203,7 +212,8 @@ def add_variables(m: Model) -> None:
         m.R[v] = m.cp.new_bool_var(f"R[{v}]")
         m.P[v] = m.cp.new_int_var(f, last, f"P[{v}]")
         m.L[v] = m.cp.new_int_var(f, last, f"L[{v}]")
-        if p.taken_over.get(v, 0) >= f or _recomputed_taker(p, v, candidates) is not None:
+        if (p.taken_over.get(v, 0) >= f or _recomputed_taker(p, v, candidates) is not None
+                or _through_taker(p, v, candidates) is not None):
             m.T[v] = m.cp.new_bool_var(f"T[{v}]")
         outs, ins = transfer_steps(p, v)
         if outs and ins:
@@ -227,7 +237,7 @@ def transfer_steps(problem: Problem, v: int, *, choices: int | None = None) -> t
     f = p.n_forward
     reads = p.backward_uses[v]
     first_read = min(reads) if reads else p.last_step
-    out_window = range(p.last_forward_use[v] + 1, f)
+    out_window = range(p.copy_out_from(v), f)
     in_window = range(f, first_read)
     if not out_window or not in_window:
         return [], []
@@ -308,6 +318,11 @@ def add_last_use(m: Model) -> None:
         m.cp.add(m.L[v] >= m.P[v])
     for v, taken in m.T.items():
         w = p.taken_over[v]
+        b = _through_taker(p, v, set(m.S))
+        if b is not None:  # b computes the inline w inside it and writes over v's copy
+            m.cp.add_implication(taken, m.R[w])
+            m.cp.add(m.L[v] <= b).only_enforce_if(taken)
+            continue
         if w >= p.n_forward:
             m.cp.add(m.L[v] <= w).only_enforce_if(taken)
             continue
@@ -356,8 +371,9 @@ def add_transfers(m: Model) -> None:
 
 def add_memory(m: Model, *, minimize_peak: bool) -> None:
     """cumulative(baseline b_k, [fe(v)+1, L_v'] if S_v, [P_v, L_v'] if R_v,
-    [fe(v)+1, X_v] and [Y_v, L_v'] if O_v) <= floor(B/q), with L_v' = L_v - T_v (L_v for
-    the R and O copies where the taker takes the saved copy only)."""
+    [fe(v)+1, X_v] and [Y_v, L_v'] if O_v, [a_j, b_j] if Z_{u,j}) <= floor(B/q), with
+    L_v' = L_v - T_v (L_v for the R and O copies where the taker takes the saved copy
+    only), and v in place of fe(v)+1 for a fused v."""
     p = m.problem
     scale = p.scale
     base = baseline(p)
@@ -367,11 +383,23 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         if level:
             intervals.append(m.cp.new_fixed_size_interval_var(lo, hi - lo + 1, f"base[{lo}]"))
             demands.append(scale.mem(level))
+    for u, lo, hi, vs in fused_extensions(p):
+        # u's forward copy lives on while a fused value that reads it is not stored, unless
+        # u is stored itself (saved or offloaded: its stored copy covers these steps)
+        own = [x[u] for x in (m.S, m.O) if u in x]
+        if not own and any(v not in m.S for v in vs):
+            continue  # in the baseline
+        on = m.cp.new_bool_var(f"Ext[{u},{lo}]")
+        for v in vs:
+            m.cp.add(on + sum(own) + sum(x[v] for x in (m.S, m.O) if v in x) >= 1)
+        intervals.append(m.cp.new_optional_interval_var(lo, hi - lo + 1, hi + 1, on, f"Ext[{u},{lo}]"))
+        demands.append(scale.mem(p.nodes[u].size))
     for v in m.S:
         size = scale.mem(p.nodes[v].size)
         if size == 0:
             continue
-        start = p.forward_end(v) + 1
+        # a fused value's forward copy is there only with the saved or offloaded one
+        start = v if p.fused_reader(v) is not None else p.forward_end(v) + 1
         end: cp_model.LinearExprT = m.L[v] + 1
         if v in m.T:  # an interval's end must be one variable (affine)
             end = m.cp.new_int_var(p.n_forward, p.last_step + 1, f"end[{v}]")
@@ -443,6 +471,9 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
                     rows.setdefault(k, []).append((m.O[v], size))
         if v in m.O:
             rows.setdefault(p.forward_end(v) + 1, []).append((m.O[v], size))
+        if p.fused_reader(v) is not None:  # its forward copy, saved or offloaded
+            for k in range(v, p.forward_end(v) + 1):
+                rows.setdefault(k, []).extend((x[v], size) for x in (m.S, m.O) if v in x)
     potential = {k: scale.mem(base[k]) + sum(s for _, s in terms) for k, terms in rows.items()}
     used = 0
     for k in sorted(rows, key=lambda k: (-potential[k], k)):
@@ -454,12 +485,13 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
 
 def baseline(problem: Problem) -> list[int]:
     """Bytes live at each step whatever the plan decides: every value from its step to its
-    last read, a candidate only to its last forward read (nothing saved or recomputed)."""
+    last read, a candidate only to its last forward read (nothing saved or recomputed), a
+    fused value not at all, and the reads of fused values that no decision stores."""
     delta = [0] * (len(problem.nodes) + 1)
     candidates = set(problem.candidates)
     for i, node in enumerate(problem.nodes):
-        if node.resident or node.size == 0:
-            continue
+        if node.resident or node.size == 0 or problem.fused_reader(i) is not None:
+            continue  # a fused value's forward copy is there only if it is saved or offloaded
         if node.keep:
             hi = problem.last_step
         elif i in candidates:
@@ -468,6 +500,10 @@ def baseline(problem: Problem) -> list[int]:
             hi = problem.fixed_end(i)
         delta[i] += node.size
         delta[hi + 1] -= node.size
+    for u, lo, hi, vs in fused_extensions(problem):
+        if u not in candidates and any(v not in candidates for v in vs):  # no decision changes it
+            delta[lo] += problem.nodes[u].size
+            delta[hi + 1] -= problem.nodes[u].size
     out, live = [], 0
     for d in delta[:-1]:
         live += d
@@ -682,8 +718,8 @@ def hint(model: Model, plan: Plan) -> None:
 def backward_copies_taken(p: Problem, v: int) -> bool:
     """Whether the op that takes v's storage over (if any) takes a copy the backward
     makes (recomputed or reloaded) as well as the saved one: not for a backward taker
-    without ``Node.reuses_recomputed``."""
-    w = p.taken_over.get(v)
+    without ``Node.reuses_recomputed`` (nor where one takes it through an inline value)."""
+    w = p.taken_through.get(v, p.taken_over.get(v))
     return w is None or w < p.n_forward or p.nodes[w].reuses_recomputed
 
 
@@ -695,6 +731,41 @@ def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
         return None
     node = p.nodes[w]
     return w if node.recomputable and not node.inline else None
+
+
+def _through_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
+    """The backward op that writes over v's copy when it computes v's inline forward
+    taker inside it (``Problem.taken_through``), where that taker may be recomputed."""
+    b = p.taken_through.get(v)
+    w = p.taken_over.get(v)
+    if b is None or w not in candidates or not p.nodes[w].recomputable:
+        return None
+    return b
+
+
+def fused_extensions(p: Problem) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """``(u, first, last, vs)``: steps over which u's forward copy lives on, beyond where it
+    ends when every fused value that reads it is stored, as long as one of the fused values
+    ``vs`` is not (its reader reads u at ``last`` or later). Disjoint, in step order per u."""
+    candidates = set(p.candidates)
+    reads: dict[int, list[tuple[int, int]]] = {}  # u -> (step of the reader, fused value)
+    for v in range(p.n_forward):
+        reader = p.fused_reader(v)
+        if reader is None:
+            continue
+        for u in set(p.nodes[v].deps):
+            node = p.nodes[u]
+            if not (node.resident or node.keep or node.size == 0):
+                reads.setdefault(u, []).append((reader, v))
+    out = []
+    for u, at in sorted(reads.items()):
+        first = (p.forward_end(u) if u in candidates else p.fixed_end(u)) + 1
+        later = sorted(r for r in at if r[0] >= first)
+        for j, (last, _) in enumerate(later):
+            if last >= first:
+                out.append((u, first, last, tuple(v for _, v in later[j:])))
+                first = last + 1
+    return out
 
 
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:

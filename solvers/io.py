@@ -42,7 +42,7 @@ VERSION = 1  # the only version this module reads and writes
 _PROBLEM_KEYS = ("format", "version", "name", "budget", "host_bandwidth", "scale", "meta", "nodes")
 _NODE_KEYS = (
     "name", "op", "deps", "backward", "size", "time", "flops", "recomputable", "offloadable",
-    "resident", "keep", "reuses", "reuses_recomputed", "inline",
+    "resident", "keep", "reuses", "reuses_recomputed", "inline", "fused",
 )
 _PLAN_KEYS = ("format", "version", "decisions", "schedule", "transfers")
 
@@ -90,6 +90,7 @@ def _node_to_json(n: Node) -> dict[str, object]:
         **({"reuses": n.reuses} if n.reuses is not None else {}),
         **({"reuses_recomputed": False} if not n.reuses_recomputed else {}),
         **({"inline": True} if n.inline else {}),
+        **({"fused": True} if n.fused else {}),
     }
 
 
@@ -164,6 +165,7 @@ def _node_from_json(raw: object, i: int, count: int) -> Node:
         reuses=_reuses(obj, where, raw_deps),
         reuses_recomputed=_typed(obj, "reuses_recomputed", where, bool, "true or false", True),
         inline=_typed(obj, "inline", where, bool, "true or false", False),
+        fused=_typed(obj, "fused", where, bool, "true or false", False),
     )
 
 

@@ -122,7 +122,7 @@ def plan_from_decisions(
     steps.sort(key=lambda s: (s.before, s.node))
     chosen = transfers or {}
     moves = tuple(
-        Transfer(i, *chosen.get(i, (problem.last_forward_use[i] + 1, anchor[i] - 1)))
+        Transfer(i, *chosen.get(i, (problem.copy_out_from(i), anchor[i] - 1)))
         for i in sorted(anchor)
         if decisions[i] is Decision.OFFLOAD
     )

@@ -23,6 +23,13 @@ in :mod:`solvers.cpsat` encodes it):
 * in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
   ops that read it compute it themselves (Inductor inlines a cheap elementwise value
   into each elementwise reader), so the values it reads are read at each of its reads.
+  Where its last reader takes it over, that reader takes over instead the copy it now
+  reads last of the value the inline one took over in the forward
+  (:attr:`Problem.taken_through`);
+* in a two-phase problem, a ``fused`` forward value that is neither saved nor offloaded
+  has no forward copy: its one forward reader computes it (Inductor inlines an
+  elementwise value into its only reader, and the forward's graph holds only the
+  forward's readers), so what it reads is read at that reader's step instead.
 
 The budget bounds the peak of that sum over the step, in bytes.
 
@@ -70,6 +77,10 @@ class Node:
     # inlines a cheap elementwise value into every elementwise reader): the recomputation
     # holds no memory, and what it reads is read at each of its reads instead.
     inline: bool = False
+    # Unless saved or offloaded, the forward computes it inside its one forward reader and
+    # never stores it (Inductor inlines an elementwise value into its only reader): its
+    # forward copy holds no memory, and what it reads is read at that reader instead.
+    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,34 @@ class Problem:
             out[u] = v
         return out
 
+    @cached_property
+    def taken_through(self) -> dict[int, int]:
+        """``u -> b``: where u's forward taker v is ``inline`` and v's own taker b is a
+        backward op, and the backward recomputes v, b computes v inside its kernel and
+        reads u in its place, so it writes over u's copy instead (the copy b reads last;
+        a saved copy only where ``b.reuses_recomputed`` is false). The GPT-2 loss
+        gradient so writes over the saved logits when the log-softmax is recomputed."""
+        out: dict[int, int] = {}
+        for u, v in self.taken_over.items():
+            b = self.taken_over.get(v)
+            if v < self.n_forward and self.nodes[v].inline and b is not None and b >= self.n_forward:
+                out[u] = b
+        return out
+
+    def fused_reader(self, i: int) -> int | None:
+        """The forward step that computes a ``fused`` value when the forward does not
+        store it (its one forward reader); None for any other value."""
+        if not self.nodes[i].fused or self.single_phase:
+            return None
+        return self.forward_users[i][0]
+
+    def copy_out_from(self, i: int) -> int:
+        """The first forward step a copy of value ``i`` to the host may run beside: after
+        its last forward read, counting the reads of the fused values that read it, which
+        their readers make when those values are not stored."""
+        fused = [r for u in self.forward_users[i] if (r := self.fused_reader(u)) is not None]
+        return max([self.last_forward_use[i], *fused]) + 1
+
     def fixed_end(self, i: int) -> int:
         """The last step a value lives when it has one copy, read by ops only: its last
         reader's step (one before it, where that reader takes its storage over)."""
@@ -298,6 +337,18 @@ def _validate(p: Problem) -> None:
             raise ProblemError(f"{where}: reuses must be one of its deps {list(n.deps)}, got {n.reuses!r}")
         if not isinstance(n.reuses_recomputed, bool):
             raise ProblemError(f"{where}: reuses_recomputed must be a bool, got {n.reuses_recomputed!r}")
+        for flag in ("inline", "fused"):
+            if not isinstance(getattr(n, flag), bool):
+                raise ProblemError(f"{where}: {flag} must be a bool, got {getattr(n, flag)!r}")
+        if n.fused and (n.backward or n.resident or n.keep):
+            raise ProblemError(f"{where}: only an ordinary forward value may be fused "
+                               "(not a backward, resident or kept one)")
+    for i, n in enumerate(p.nodes):
+        if n.fused and not p.single_phase:
+            readers = p.forward_users[i]
+            if len(readers) != 1 or p.nodes[readers[0]].fused:
+                raise ProblemError(f"node #{i} {n.name!r}: a fused value needs exactly one forward "
+                                   f"reader that is not fused itself, it has {len(readers)}")
     if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
         raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
     bw = p.host_bandwidth

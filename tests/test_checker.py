@@ -10,7 +10,17 @@ import dataclasses
 
 import pytest
 
-from solvers import Decision, Plan, PlanError, Problem, Step, Transfer, check, plan_from_decisions
+from solvers import (
+    Decision,
+    Node,
+    Plan,
+    PlanError,
+    Problem,
+    Step,
+    Transfer,
+    check,
+    plan_from_decisions,
+)
 from solvers.problem import ProblemError, node
 from tests.graphs import (
     P,
@@ -20,6 +30,7 @@ from tests.graphs import (
     diamond,
     forward_takeover,
     inline_beside_taker,
+    loss_head,
     offload_graph,
     recomputed_takeover,
 )
@@ -200,6 +211,45 @@ def test_inline_recomputation_holds_no_memory_and_reads_at_its_reads() -> None:
     assert both.timeline == (4, 12, 9, 2, 8, 9)
 
 
+def test_a_fused_value_is_stored_only_when_saved() -> None:
+    # loss_head: h [0,7], loss [4,7], t [5,6], g [6,7], gh [7,7] in every plan.
+    # y saved: stored from step 3, written over x (x [1,2], m [2,3]) and taken over by g
+    # (y [3,5]). g takes saved copies only, as the GPT-2 loss gradient does.
+    p = loss_head(saved_only=True)
+    assert p.fused_reader(3) == 4 and p.taken_through == {1: 6}
+    assert run(p, {0: S, 3: S}).timeline == (1, 3, 4, 4, 4, 5, 5, 5)
+    # y recomputed: the loss computes it, so the forward never stores it and reads x and
+    # m at step 4; recomputed inside g, it reads them there, and g writes over x's saved
+    # copy instead of y's (x [1,5], m [2,6]).
+    assert run(p, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 4, 5, 6, 6, 5)
+    # Without the two rules y's forward copy counted ([3,4]), and y recomputed before g
+    # (written over x's saved copy) beside g ([6,6]).
+    plain = P(*(dataclasses.replace(n, fused=False, inline=False) for n in p.nodes))
+    assert run(plain, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 6, 7, 6, 8, 5)
+
+
+def test_a_takeover_through_an_inline_value_takes_a_recomputed_copy_if_allowed() -> None:
+    # x, m and y recomputed: x's forward copy lives to the loss (x [1,4]); its copy
+    # recomputed before g is g's to write over (none left), and m's is read by g ([6,6]).
+    assert run(loss_head(), {0: S, 1: R, 2: R, 3: R}).timeline == (1, 3, 4, 4, 5, 3, 6, 5)
+    # Where g takes the saved copy only, the recomputed x lives beside g ([6,6]).
+    saved_only = loss_head(saved_only=True)
+    assert run(saved_only, {0: S, 1: R, 2: R, 3: R}).timeline == (1, 3, 4, 4, 5, 3, 8, 5)
+    assert run(saved_only, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 4, 5, 6, 6, 5)
+
+
+@pytest.mark.parametrize(("nodes", "message"), [
+    ((node("x", size=1, fused=True), node("a", 0), node("b", 0), node("g", 0, backward=True)),
+     "exactly one forward reader"),
+    ((node("x", size=1, fused=True), node("a", 0, fused=True), node("b", 1), node("g", 0, backward=True)),
+     "not fused itself"),
+    ((node("x", size=1), node("g", 0, backward=True, fused=True)), "only an ordinary forward value"),
+])
+def test_fused_needs_one_forward_reader(nodes: tuple[Node, ...], message: str) -> None:
+    with pytest.raises(ProblemError, match=message):
+        P(*nodes)
+
+
 def test_reuses_must_name_a_dep() -> None:
     with pytest.raises(ProblemError, match="reuses must be one of its deps"):
         P(node("a", size=1), node("b", size=1), node("c", 0, size=1, reuses=1))
@@ -359,7 +409,7 @@ BAD_PLANS: list[tuple[str, Problem, Plan, str]] = [
      r"transfer for #1, which is not offloaded"),
     ("copied out before its last forward use", offload_graph(),
      Plan({1: OFF, 2: S}, (Step(1, 8),), (Transfer(1, 2, 7),)),
-     r"#1 a .* is copied out beside step 2; it must be a forward step after its last forward use \(3\.\.4\)"),
+     r"#1 a .* is copied out beside step 2; it must be a forward step after its last forward read \(3\.\.4\)"),
     ("copied back at its first use", offload_graph(),
      Plan({1: OFF, 2: S}, (Step(1, 8),), (Transfer(1, 3, 8),)),
      r"#1 a .* is copied back beside step 8; it must be a backward step before its first use \(5\.\.7\)"),

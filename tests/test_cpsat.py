@@ -10,6 +10,7 @@ smallest peak.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ from tests.graphs import (
     diamond,
     forward_takeover,
     inline_beside_taker,
+    loss_head,
     offload_graph,
     recomputed_takeover,
 )
@@ -99,7 +101,7 @@ def brute_force(problem: Problem) -> list[Outcome]:
         if any(v not in anchor for v in offloaded):
             continue
         windows = [
-            [(a, b) for a in range(problem.last_forward_use[v] + 1, problem.n_forward)
+            [(a, b) for a in range(problem.copy_out_from(v), problem.n_forward)
              for b in range(problem.n_forward, anchor[v])]
             for v in offloaded
         ]
@@ -215,6 +217,8 @@ HAND: dict[str, Problem] = {
     "saved_only_takeover_offload": backward_takeover(host_bandwidth=1.0, saved_only=True),
     "recomputed_takeover": recomputed_takeover(),  # ... by the in-place reader's recomputation
     "inline_beside_taker": inline_beside_taker(),  # ... unless an inline read is at its step
+    "loss_head": loss_head(),  # a fused value, and a takeover through an inline one
+    "loss_head_saved_only": loss_head(saved_only=True),
 }
 HAND_OUTCOMES = {name: brute_force(p) for name, p in HAND.items()}
 HAND_CASES = [(name, b) for name, o in HAND_OUTCOMES.items() for b in interesting_budgets(o)]
@@ -500,6 +504,14 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
             backward=True,
             keep=k == n_backward - 1 or draw(st.booleans()),
         ))
+    # Some forward values with one forward reader are fused (stored only when saved); the
+    # reader of a fused value is not fused itself, so go from the last.
+    readers = [[w for w in range(n_forward) if v in nodes[w].deps] for v in range(n_forward)]
+    for v in reversed(range(n_forward)):
+        node = nodes[v]
+        if (not node.resident and not node.keep and len(readers[v]) == 1
+                and not nodes[readers[v][0]].fused and draw(st.integers(0, 2)) == 0):
+            nodes[v] = dataclasses.replace(node, fused=True)
     bandwidth = float(draw(st.sampled_from([1, 2, 4, 8]))) * unit if offload else 0.0
     return Problem(nodes=tuple(nodes), host_bandwidth=bandwidth, name="random")
 
@@ -523,6 +535,43 @@ def test_random_dag_with_offload_matches_brute_force(p: Problem) -> None:
     smallest = min_feasible_peak(p, CFG)
     assert smallest.report is not None
     assert smallest.report.peak == min(o.peak for o in outcomes)
+    for budget in interesting_budgets(outcomes):
+        assert_matches_brute_force(p, budget, outcomes)
+
+
+@st.composite
+def loss_heads(draw: st.DrawFn) -> Problem:
+    """A small random problem with a loss head spliced in (as :func:`tests.graphs.loss_head`):
+    at the forward's end x reads a random forward value, m and y read x, y is inline,
+    perhaps fused, and written over x, and the loss reads y; a last backward value g reads
+    y and is written over it, perhaps over saved copies only."""
+    base = draw(small_problems(max_forward=4))
+    f, k = base.n_forward, 4
+    src = draw(st.integers(0, f - 1))
+    nodes = list(base.nodes)
+    nodes[src] = dataclasses.replace(nodes[src], fused=False)  # x becomes a second reader
+    size = draw(st.integers(1, 6))
+    shift = lambda d: d + k if d >= f else d  # noqa: E731
+    head = [
+        Node(name="x", deps=(src,), size=size, time=float(draw(st.integers(0, 5)))),
+        Node(name="m", deps=(f,), size=draw(st.integers(0, 2)), time=1.0),
+        Node(name="y", deps=(f, f + 1), size=size, time=float(draw(st.integers(0, 3))), reuses=f,
+             inline=True, fused=draw(st.booleans())),
+        Node(name="loss", deps=(f + 2,), size=1, keep=True),
+    ]
+    backward = [dataclasses.replace(n, deps=tuple(map(shift, n.deps)),
+                                    reuses=None if n.reuses is None else shift(n.reuses))
+                for n in nodes[f:]]
+    g = Node(name="g", deps=(f + 2, len(base.nodes) + k - 1), size=size, backward=True, keep=True,
+             reuses=f + 2, reuses_recomputed=draw(st.booleans()))
+    return Problem(nodes=(*nodes[:f], *head, *backward, g), name="loss head")
+
+
+@settings(max_examples=25, deadline=None)
+@given(loss_heads())
+def test_random_loss_head_matches_brute_force(p: Problem) -> None:
+    assert p.taken_through[p.index("x")] == len(p.nodes) - 1
+    outcomes = brute_force(p)
     for budget in interesting_budgets(outcomes):
         assert_matches_brute_force(p, budget, outcomes)
 
