@@ -154,6 +154,7 @@ def capture(
         )
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
     if inductor:
+        problem = with_one_reader_kernels(problem, groups, value_of, forward, costs, kept, extern, inlined)
         # AOTAutograd reads the same flag after partitioning, to mark the backward's
         # saved inputs that Inductor may write over.
         donated = bool(torch._functorch.config.donated_buffer)
@@ -241,6 +242,57 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
 
 
 SPLIT_SLACK = 1 / 16  # a row statistic or a mask read beside a full-size input
+
+
+def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]],
+                            value_of: dict[fx.Node, int], forward: frozenset[fx.Node],
+                            costs: dict[fx.Node, NodeCost], kept: set[fx.Node],
+                            extern: Collection[fx.Node], inlined: Collection[fx.Node]) -> Problem:
+    """``problem`` with the forward values that one kernel computes inside its own where the
+    plan leaves them one reader in a graph: ``Node.fused`` and more ``Node.inline``.
+
+    Inductor inlines an elementwise result into its reader when it is that graph's only
+    reader (:func:`inline_reader`), whatever ops it holds. The forward's graph reads a
+    value the forward does not save only in the forward, so a value with one forward
+    reader, a kernel that can compute it (:func:`_fusible_reader`), is stored there only
+    when saved (``fused``). Likewise a recomputed value with one reader in the backward,
+    where no forward reader of it can be recomputed too, is computed inside that reader
+    (``inline``), though it holds a log or an exp that :func:`inline_values` keeps stored
+    for several readers. On the GPT-2 benchmark: each LayerNorm's normalized input and the
+    GELU's intermediates, which the forward stores only when saved, and the log-softmax,
+    which the forward computes inside the loss and, recomputed, the backward inside the
+    loss gradient."""
+    limits = CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
+    may_recompute = {w for w in problem.candidates if problem.nodes[w].recomputable}
+    nodes = list(problem.nodes)
+    for v in reversed(range(problem.n_forward)):  # a fused value's reader is not fused: decide it first
+        group, node = groups[v], nodes[v]
+        if node.resident or node.keep or node.size == 0 or not _elementwise(group, costs, kept, extern):
+            continue
+        fx_readers = {u for n in group for u in n.users if u not in group}
+        in_forward = {u for u in fx_readers if u in forward}
+        readers = problem.forward_users[v]
+        if (len(readers) == 1 and not nodes[readers[0]].fused and problem.backward_uses[v]
+                and all(_fusible_reader(u, costs, extern) for u in in_forward)
+                and _small([*groups[readers[0]], *group], {v, readers[0]}, value_of, costs, limits)):
+            nodes[v] = node = dataclasses.replace(node, fused=True)
+        in_backward = fx_readers - in_forward
+        if (not node.inline and len(in_backward) == 1 and _fusible_reader(next(iter(in_backward)), costs, extern)
+                and not may_recompute & set(readers) and len(node.deps) <= limits.reads):
+            own = [n for n in group if n not in inlined]
+            nodes[v] = dataclasses.replace(node, inline=True, time=recompute_seconds(group, own, costs, stored=False))
+    return dataclasses.replace(problem, nodes=tuple(nodes))
+
+
+def _elementwise(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: set[fx.Node],
+                 extern: Collection[fx.Node]) -> bool:
+    """Elementwise throughout (with views Inductor re-indexes), not random, and stored for
+    no other reason: a result Inductor can leave unstored inside its reader's kernel."""
+    head = group[0]
+    if head.op != "call_function" or not costs[head].is_pointwise or costs[head].is_random or head in extern:
+        return False
+    return all(not _stays_stored(n, kept) and (costs[n].is_pointwise or _inline_view(n) or _is_factory(n))
+               for n in group)
 
 
 def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, fx.Node]) -> int:
@@ -527,13 +579,21 @@ def _stays_stored(n: fx.Node, kept: set[fx.Node]) -> bool:
     return n in kept or _mutates(n) or n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE
 
 
+# Ops Inductor lowers to a pointwise loop that loads its input at computed indices, so an
+# unstored elementwise input is computed inside it (the loss's gather of the log-softmax).
+INDEXED_LOADS = frozenset({"gather"})
+
+
 def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collection[fx.Node]) -> bool:
-    """An op whose kernel can compute an elementwise input itself: a pointwise op or a
-    reduction, that mutates nothing and that Inductor does not make an extern kernel."""
+    """An op whose kernel can compute an elementwise input itself: a pointwise op, a
+    reduction or an indexed load, that mutates nothing and that Inductor does not make an
+    extern kernel."""
     if u.op != "call_function" or u not in costs or _mutates(u) or u in extern:
         return False
-    return costs[u].is_pointwise or (
-        isinstance(u.target, torch._ops.OpOverload) and torch.Tag.reduction in u.target.tags)
+    if costs[u].is_pointwise:
+        return True
+    return isinstance(u.target, torch._ops.OpOverload) and (
+        torch.Tag.reduction in u.target.tags or u.target._opname in INDEXED_LOADS)
 
 
 # Ops whose results Inductor stores on the CPU when several ops read them

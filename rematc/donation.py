@@ -34,16 +34,12 @@ class DonationWarning(UserWarning):
 def expected_donations(problem: Problem, plan: Plan) -> dict[str, int]:
     """FX name -> bytes of each saved forward value that the model lets a backward kernel
     write over (:attr:`Problem.taken_over`): those need to arrive donated. A recomputed or
-    reloaded copy is the backward's own buffer and needs nothing. A saved value whose
-    forward taker the backward recomputes inside its own taker's kernel is written over
-    by that kernel (:attr:`Problem.taken_through`), so it needs donating too."""
+    reloaded copy is the backward's own buffer and needs nothing."""
     out: dict[str, int] = {}
     for u, v in problem.taken_over.items():
         src = problem.nodes[u]
-        if src.backward or plan.decisions.get(u, Decision.SAVE) is not Decision.SAVE:
-            continue
-        through = u in problem.taken_through and plan.decisions.get(v) is Decision.RECOMPUTE
-        if problem.nodes[v].backward or through:
+        if (problem.nodes[v].backward and not src.backward
+                and plan.decisions.get(u, Decision.SAVE) is Decision.SAVE):
             out[src.name] = src.size
     return out
 

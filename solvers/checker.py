@@ -21,10 +21,9 @@ A value's backward consumers are the backward steps that read it and the anchor 
 the recomputed forward values that read it. Values rematerialized before the same step
 all count as live during that step, which bounds from above what the emitted code holds.
 A recomputation of an ``inline`` value (two-phase problems) holds no memory: its reads of
-its deps happen at each read it serves instead of at its own step, and where its last
-reader takes it over, that reader takes over the copy of the value the inline one took
-over in the forward (``Problem.taken_through``). A ``fused`` forward value neither saved
-nor offloaded has no forward copy: its one forward reader computes it, and reads its deps.
+its deps happen at each read it serves instead of at its own step. A ``fused`` forward
+value neither saved nor offloaded has no forward copy: its one forward reader computes it,
+and reads its deps.
 
 Added time is the compute time of every recomputation plus the transfer time compute
 does not hide: step k lasts max(c_k, out_k, in_k), where c_k is its compute time and
@@ -204,11 +203,6 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
                 if r is not None and last[j] == r[0] and (r == (taker, 1, 0) or (
                         r[1] == 0 and plan.schedule[r[2]].node == taker and r[0] not in served_at.get(i, ()))):
                     last[j] = r[0] - 1
-        through = problem.taken_through.get(i)
-        if through is not None and taker in inline:  # the taker recomputed inside ``through``
-            for j, r in enumerate(last_read[:len(made) if problem.nodes[through].reuses_recomputed else 1]):
-                if r == (through, 1, 0) and last[j] == through:
-                    last[j] = through - 1
         out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
                   if key != inline.get(i) and not (key == (i, 1, 0) and i in unstored) and start <= hi]
     return out

@@ -26,9 +26,7 @@ Variables, for :math:`v \in C`:
   consumer, so it writes over v's backward copy, which ends one step earlier; where
   :math:`w = to(v)` is a forward candidate that may be recomputed (not ``inline``): w's
   recomputation is v's last consumer and writes over v's backward copy (a recomputed
-  softmax over its recomputed scores), which ends before :math:`P_w`; where w is
-  ``inline`` and its own taker :math:`b = to(w)` is a backward step
-  (``problem.taken_through``): b computes w inside it and writes over v's copy;
+  softmax over its recomputed scores), which ends before :math:`P_w`;
 * :math:`Z_{u,j} \in \{0,1\}`, for each stretch j of :func:`fused_extensions`: u's forward
   copy lives on over it, read by the reader of a ``fused`` value that is not stored.
 
@@ -59,8 +57,7 @@ Constraint families (one ``add_*`` function each):
   :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
   ``inline`` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`
   for a backward :math:`to(v)`, else :math:`T_v \Rightarrow R_w \land L_v \le P_w` with
-  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's inline readers r,
-  or :math:`T_v \Rightarrow R_w \land L_v \le b` where b takes v over through the inline w;
+  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's inline readers r;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes, a candidate's forward copy to :math:`fe(v)`)
@@ -212,8 +209,7 @@ def add_variables(m: Model) -> None:
         m.R[v] = m.cp.new_bool_var(f"R[{v}]")
         m.P[v] = m.cp.new_int_var(f, last, f"P[{v}]")
         m.L[v] = m.cp.new_int_var(f, last, f"L[{v}]")
-        if (p.taken_over.get(v, 0) >= f or _recomputed_taker(p, v, candidates) is not None
-                or _through_taker(p, v, candidates) is not None):
+        if p.taken_over.get(v, 0) >= f or _recomputed_taker(p, v, candidates) is not None:
             m.T[v] = m.cp.new_bool_var(f"T[{v}]")
         outs, ins = transfer_steps(p, v)
         if outs and ins:
@@ -318,11 +314,6 @@ def add_last_use(m: Model) -> None:
         m.cp.add(m.L[v] >= m.P[v])
     for v, taken in m.T.items():
         w = p.taken_over[v]
-        b = _through_taker(p, v, set(m.S))
-        if b is not None:  # b computes the inline w inside it and writes over v's copy
-            m.cp.add_implication(taken, m.R[w])
-            m.cp.add(m.L[v] <= b).only_enforce_if(taken)
-            continue
         if w >= p.n_forward:
             m.cp.add(m.L[v] <= w).only_enforce_if(taken)
             continue
@@ -718,8 +709,8 @@ def hint(model: Model, plan: Plan) -> None:
 def backward_copies_taken(p: Problem, v: int) -> bool:
     """Whether the op that takes v's storage over (if any) takes a copy the backward
     makes (recomputed or reloaded) as well as the saved one: not for a backward taker
-    without ``Node.reuses_recomputed`` (nor where one takes it through an inline value)."""
-    w = p.taken_through.get(v, p.taken_over.get(v))
+    without ``Node.reuses_recomputed``."""
+    w = p.taken_over.get(v)
     return w is None or w < p.n_forward or p.nodes[w].reuses_recomputed
 
 
@@ -731,16 +722,6 @@ def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
         return None
     node = p.nodes[w]
     return w if node.recomputable and not node.inline else None
-
-
-def _through_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
-    """The backward op that writes over v's copy when it computes v's inline forward
-    taker inside it (``Problem.taken_through``), where that taker may be recomputed."""
-    b = p.taken_through.get(v)
-    w = p.taken_over.get(v)
-    if b is None or w not in candidates or not p.nodes[w].recomputable:
-        return None
-    return b
 
 
 def fused_extensions(p: Problem) -> list[tuple[int, int, int, tuple[int, ...]]]:
@@ -760,7 +741,8 @@ def fused_extensions(p: Problem) -> list[tuple[int, int, int, tuple[int, ...]]]:
     out = []
     for u, at in sorted(reads.items()):
         first = (p.forward_end(u) if u in candidates else p.fixed_end(u)) + 1
-        later = sorted(r for r in at if r[0] >= first)
+        # a read at the step of the op that takes u over is that op's: u ends before it
+        later = sorted(r for r in at if r[0] >= first and r[0] != p.taken_over.get(u))
         for j, (last, _) in enumerate(later):
             if last >= first:
                 out.append((u, first, last, tuple(v for _, v in later[j:])))

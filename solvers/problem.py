@@ -22,10 +22,7 @@ in :mod:`solvers.cpsat` encodes it):
   over the saved forward copy only, never a copy the backward recomputes or reloads;
 * in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
   ops that read it compute it themselves (Inductor inlines a cheap elementwise value
-  into each elementwise reader), so the values it reads are read at each of its reads.
-  Where its last reader takes it over, that reader takes over instead the copy it now
-  reads last of the value the inline one took over in the forward
-  (:attr:`Problem.taken_through`);
+  into each elementwise reader), so the values it reads are read at each of its reads;
 * in a two-phase problem, a ``fused`` forward value that is neither saved nor offloaded
   has no forward copy: its one forward reader computes it (Inductor inlines an
   elementwise value into its only reader, and the forward's graph holds only the
@@ -207,20 +204,6 @@ class Problem:
             if src.resident or src.keep or src.size != n.size or self.users[u][-1] != v:
                 continue
             out[u] = v
-        return out
-
-    @cached_property
-    def taken_through(self) -> dict[int, int]:
-        """``u -> b``: where u's forward taker v is ``inline`` and v's own taker b is a
-        backward op, and the backward recomputes v, b computes v inside its kernel and
-        reads u in its place, so it writes over u's copy instead (the copy b reads last;
-        a saved copy only where ``b.reuses_recomputed`` is false). The GPT-2 loss
-        gradient so writes over the saved logits when the log-softmax is recomputed."""
-        out: dict[int, int] = {}
-        for u, v in self.taken_over.items():
-            b = self.taken_over.get(v)
-            if v < self.n_forward and self.nodes[v].inline and b is not None and b >= self.n_forward:
-                out[u] = b
         return out
 
     def fused_reader(self, i: int) -> int | None:

@@ -118,14 +118,12 @@ def backward_takeover(host_bandwidth: float = 0.0, *, saved_only: bool = False) 
     )
 
 
-def loss_head(*, saved_only: bool = False) -> Problem:
+def loss_head() -> Problem:
     """The GPT-2 loss head in miniature. #1 x (the logits) is read by #2 m (a reduction)
     and last by #3 y (the log-softmax), which is written over it, ``inline`` (recomputed,
     its one backward reader computes it) and ``fused`` (not saved, the loss #4 computes it
     and the forward never stores it). #6 g, the loss gradient, reads y last and is written
-    over it; where y is recomputed inside g, g writes over x's copy instead
-    (``Problem.taken_through``). With ``saved_only`` g takes x's saved copy only, not one
-    recomputed (``reuses_recomputed``, as the GPT-2 loss gradient)."""
+    over y's saved copy only (``reuses_recomputed`` false)."""
     return P(
         node("h", size=1, time=4.0),  # 0
         node("x", 0, size=2, time=4.0),  # 1
@@ -133,6 +131,6 @@ def loss_head(*, saved_only: bool = False) -> Problem:
         node("y", 1, 2, size=2, time=1.0, reuses=1, inline=True, fused=True),  # 3
         node("loss", 3, size=1, keep=True),  # 4
         node("t", size=1, backward=True),  # 5
-        node("g", 3, 5, size=2, backward=True, reuses=3, reuses_recomputed=not saved_only),  # 6
+        node("g", 3, 5, size=2, backward=True, reuses=3, reuses_recomputed=False),  # 6
         node("gh", 0, 6, size=1, backward=True, keep=True),  # 7
     )

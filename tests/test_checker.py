@@ -214,28 +214,18 @@ def test_inline_recomputation_holds_no_memory_and_reads_at_its_reads() -> None:
 def test_a_fused_value_is_stored_only_when_saved() -> None:
     # loss_head: h [0,7], loss [4,7], t [5,6], g [6,7], gh [7,7] in every plan.
     # y saved: stored from step 3, written over x (x [1,2], m [2,3]) and taken over by g
-    # (y [3,5]). g takes saved copies only, as the GPT-2 loss gradient does.
-    p = loss_head(saved_only=True)
-    assert p.fused_reader(3) == 4 and p.taken_through == {1: 6}
+    # (y [3,5]).
+    p = loss_head()
+    assert p.fused_reader(3) == 4
     assert run(p, {0: S, 3: S}).timeline == (1, 3, 4, 4, 4, 5, 5, 5)
     # y recomputed: the loss computes it, so the forward never stores it and reads x and
-    # m at step 4; recomputed inside g, it reads them there, and g writes over x's saved
-    # copy instead of y's (x [1,5], m [2,6]).
-    assert run(p, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 4, 5, 6, 6, 5)
-    # Without the two rules y's forward copy counted ([3,4]), and y recomputed before g
-    # (written over x's saved copy) beside g ([6,6]).
-    plain = P(*(dataclasses.replace(n, fused=False, inline=False) for n in p.nodes))
+    # m at step 4; recomputed inside g, it reads them there (x [1,6], m [2,6]).
+    assert run(p, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 4, 5, 6, 8, 5)
+    # Not fused, y's forward copy counts beside the saved x at steps 3 and 4.
+    plain = P(*(dataclasses.replace(n, fused=False) for n in p.nodes))
     assert run(plain, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 6, 7, 6, 8, 5)
-
-
-def test_a_takeover_through_an_inline_value_takes_a_recomputed_copy_if_allowed() -> None:
-    # x, m and y recomputed: x's forward copy lives to the loss (x [1,4]); its copy
-    # recomputed before g is g's to write over (none left), and m's is read by g ([6,6]).
-    assert run(loss_head(), {0: S, 1: R, 2: R, 3: R}).timeline == (1, 3, 4, 4, 5, 3, 6, 5)
-    # Where g takes the saved copy only, the recomputed x lives beside g ([6,6]).
-    saved_only = loss_head(saved_only=True)
-    assert run(saved_only, {0: S, 1: R, 2: R, 3: R}).timeline == (1, 3, 4, 4, 5, 3, 8, 5)
-    assert run(saved_only, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 4, 5, 6, 6, 5)
+    # Nothing saved but h: x's forward copy lives to the loss (x [1,4], m [2,4]).
+    assert run(p, {0: S, 1: R, 2: R, 3: R}).timeline == (1, 3, 4, 4, 5, 3, 8, 5)
 
 
 @pytest.mark.parametrize(("nodes", "message"), [
