@@ -532,3 +532,21 @@ def test_a_sum_of_larger_inputs_stays_one_value(slack: float | None, monkeypatch
         assert fused.groups[i][0] is sums[0] and len(fused.problem.users[i]) >= 2
     else:
         assert len(sums) >= 2
+
+
+def test_values_read_once_in_a_graph_are_stored_only_where_the_plan_keeps_them() -> None:
+    """The test GPT's log-softmax: one forward reader (the loss's gather) that computes it,
+    so the forward stores it only when saved (``fused``); one backward reader (the loss
+    gradient), so its recomputation is computed there, log and exp included (``inline``)."""
+    from rematc.trace import trace
+
+    config = GPTConfig(n_layer=1, d_model=64, n_head=2, seq_len=32, vocab=128)
+    model, inputs = make_gpt(config, batch=2, seed=0)
+    p = trace(model, inputs, name="gpt").problem
+    logits = 2 * config.seq_len * config.vocab * 4
+    (v,) = [v for v in p.candidates if p.nodes[v].size == logits and p.nodes[v].reuses is not None
+            and p.nodes[p.nodes[v].reuses].op == "aten.mm"]
+    assert p.nodes[v].fused and p.nodes[v].inline
+    assert p.nodes[p.fused_reader(v)].op == "aten.gather"
+    # Each LayerNorm's normalized input is read in the forward by its scale-and-shift only.
+    assert any(p.nodes[w].fused and p.nodes[p.fused_reader(w)].op == "aten.add" for w in p.candidates)

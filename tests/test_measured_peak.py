@@ -20,6 +20,7 @@ import torch
 import rematc
 from rematc.memory import MALLOC_MMAP_THRESHOLD, profiler_peak
 from rematc.models import GPTConfig, make_gpt
+from solvers import Plan, Problem
 
 # Measured peak may exceed the budget by at most this fraction: allocator events the
 # model does not see (Inductor's workspace for a kernel, autograd's own bookkeeping).
@@ -135,3 +136,40 @@ def test_profiler_agrees_with_rss_on_compiled_step() -> None:
     assert got["profiler"] > 8 * 2**20, "too small a step to cross-check"
     assert abs(got["rss"] - got["profiler"]) <= CROSS_CHECK_TOLERANCE * got["profiler"] + 2 * 2**20, got
     assert got["profiler"] <= got["budget"] * (1 + PEAK_TOLERANCE), got
+
+
+@pytest.mark.inductor
+def test_a_recomputed_log_softmax_is_not_stored_by_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logits saved and the log-softmax recomputed (the shape of PyTorch's knapsack
+    choice at tight budgets): the forward computes the log-softmax inside the loss and never
+    stores it (``Node.fused``), so the model's forward peak is the measured one. In the
+    backward Inductor may write the loss gradient over the saved logits or not (docs,
+    "Not followed"); the model assumes not, so the step stays within its prediction."""
+    from rematc import partition
+    from solvers import SolveResult, Status, check
+    from solvers.baselines import plan_with
+
+    chosen: list[tuple[Problem, Plan]] = []
+
+    def save_the_logits(problem: Problem, options: object) -> partition.Planned:
+        (v,) = [v for v in problem.candidates if problem.nodes[v].fused and problem.nodes[v].reuses is not None
+                and problem.nodes[problem.nodes[v].reuses].op == "aten.mm"]
+        plan = plan_with(problem, {v})
+        report = check(problem, plan)
+        chosen.append((problem, plan))
+        return partition.Planned(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
+                                             objective=report.added_time, bound=0.0, wall_time=0.0,
+                                             solver="test"), cached=False)
+
+    monkeypatch.setattr(partition, "plan_for", save_the_logits)
+    model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
+    compiled = rematc.compile(model, compiler="inductor", cache_dir=None)
+    step = measured_step_peak(compiled, model, inputs)
+    forward = profiler_peak(lambda: compiled(*inputs))
+    (problem, plan), = chosen
+    report = check(problem, plan)
+    assert report.peak == rematc.records()[-1].predicted_peak
+    predicted_forward = max(report.timeline[:problem.n_forward])
+    assert abs(forward - predicted_forward) <= PREDICTION_TOLERANCE * forward, (
+        f"forward: predicted {predicted_forward} B, measured {forward} B")
+    assert step <= report.peak + SMALL_BUFFERS, f"step: predicted {report.peak} B, measured {step} B"
