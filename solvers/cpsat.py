@@ -31,7 +31,8 @@ Variables, for :math:`v \in C`:
   copy lives on over it, read by the reader of a ``fused`` value that is not stored.
 
 and, where the problem has a host link and v may be offloaded (``Node.offloadable``, a
-forward step after its last forward use and a backward step before its first read):
+forward step after its last forward read, its fused readers' included
+(``problem.copy_out_from``), and a backward step before its first read):
 
 * :math:`O_v \in \{0,1\}`: v is offloaded (copied to host memory, copied back);
 * :math:`out_{v,k}, in_{v,k} \in \{0,1\}`: its copy out runs beside forward step k, its
@@ -222,9 +223,9 @@ def add_variables(m: Model) -> None:
 
 def transfer_steps(problem: Problem, v: int, *, choices: int | None = None) -> tuple[list[int], list[int]]:
     """The steps v's copies may run beside, if v may be offloaded: out, a forward step after
-    its last forward use; back, a backward step before its first backward read. The step
-    next to the use (no memory held longer) and then the ``choices - 1`` longest steps
-    (compute to hide under), earliest first among equals."""
+    its last forward read (``Problem.copy_out_from``); back, a backward step before its
+    first backward read. The step next to the use (no memory held longer) and then the
+    ``choices - 1`` longest steps (compute to hide under), earliest first among equals."""
     p = problem
     node = p.nodes[v]
     choices = choices or TRANSFER_CHOICES
