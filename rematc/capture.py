@@ -262,7 +262,7 @@ def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]
     GELU's intermediates, which the forward stores only when saved, and the log-softmax,
     which the forward computes inside the loss and, recomputed, the backward inside the
     loss gradient."""
-    limits = CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
+    limits = kernel_limits(groups, costs)
     may_recompute = {w for w in problem.candidates if problem.nodes[w].recomputable}
     nodes = list(problem.nodes)
     for v in reversed(range(problem.n_forward)):  # a fused value's reader is not fused: decide it first
@@ -478,6 +478,11 @@ CPU_LIMITS = KernelLimits(reads=12, ops=16)
 GPU_LIMITS = KernelLimits(reads=8, ops=10)
 
 
+def kernel_limits(groups: Sequence[Sequence[fx.Node]], costs: dict[fx.Node, NodeCost]) -> KernelLimits:
+    """The limits of the device the graph runs on (the CPU's where any value is there)."""
+    return CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
+
+
 def fused_groups(
     groups: Sequence[Sequence[fx.Node]],
     value_of: dict[fx.Node, int],
@@ -506,7 +511,7 @@ def fused_groups(
     such a result wherever the forward saves it for the backward, so a value read by
     several ops stays a value here; where it is recomputed instead, ``Node.inline``
     (:func:`inline_values`) says it holds no memory."""
-    limits = CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
+    limits = kernel_limits(groups, costs)
     kernels = [list(g) for g in groups]
     # Original values each kernel holds, or reads without a buffer (factories).
     factories = {i for i, g in enumerate(groups) if _is_factory(g[0])}
@@ -652,16 +657,11 @@ def _inlinable(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: s
                extern: Collection[fx.Node]) -> bool:
     """Elementwise throughout, read by elementwise ops and reductions only, not stored for
     another reason, and on the CPU free of the ops Inductor will not compute twice."""
-    head = group[0]
-    if head.op != "call_function" or not costs[head].is_pointwise or costs[head].is_random:
+    if not _elementwise(group, costs, kept, extern):
         return False
-    for n in group:
-        if _stays_stored(n, kept):
-            return False
-        if not (costs[n].is_pointwise or _inline_view(n) or _is_factory(n)):
-            return False
-        if not all(_fusible_reader(u, costs, extern) for u in n.users if u not in group):
-            return False
+    if not all(_fusible_reader(u, costs, extern) for n in group for u in n.users if u not in group):
+        return False
+    head = group[0]
     return not (costs[head].device == "cpu" and any(
         isinstance(n.target, torch._ops.OpOverload) and n.target._opname in HEAVY_OPS for n in group))
 
