@@ -139,7 +139,7 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     copies: dict[int, list[tuple[Key, int]]] = {}  # value -> (made at, first live step)
     # value -> reads besides its readers' own ops: by scheduled recomputations, and by the
     # op that computes a fused value the forward does not store
-    recompute_reads: dict[int, list[Key]] = {}
+    other_reads: dict[int, list[Key]] = {}
     inline: dict[int, Key] = {}  # inline value -> where its recomputation is scheduled
     unstored: set[int] = set()  # fused values without a forward copy
     for v in range(problem.n_forward):
@@ -148,7 +148,7 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             continue
         unstored.add(v)
         for d in set(problem.nodes[v].deps):
-            recompute_reads.setdefault(d, []).append((reader, 1, 0))
+            other_reads.setdefault(d, []).append((reader, 1, 0))
     for k, s in enumerate(plan.schedule):
         key = (s.before, 0, k)
         move = moves.get(s.node)
@@ -159,16 +159,16 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             inline[s.node] = key
             continue
         for d in set(problem.nodes[s.node].deps):
-            recompute_reads.setdefault(d, []).append(key)
+            other_reads.setdefault(d, []).append(key)
     # An inline recomputation reads its deps at each read it serves (every later read: it
     # is the value's last copy). Readers come after what they read, so going down the
     # values, each one's reads are complete before they pass to its deps.
     served_at: dict[int, set[int]] = {}  # value -> steps an inline recomputation reads it at
     for v in sorted(inline, reverse=True):
-        served = [r for r in [*((u, 1, 0) for u in problem.users[v]), *recompute_reads.get(v, ())]
+        served = [r for r in [*((u, 1, 0) for u in problem.users[v]), *other_reads.get(v, ())]
                   if r > inline[v]]
         for d in set(problem.nodes[v].deps):
-            recompute_reads.setdefault(d, []).extend(served)
+            other_reads.setdefault(d, []).extend(served)
             served_at.setdefault(d, set()).update(r[0] for r in served)
     out: dict[int, list[tuple[int, int]]] = {}
     for i, node in enumerate(problem.nodes):
@@ -178,13 +178,13 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             out[i] = [(i, end)]
             continue
         users = problem.users[i]
-        if i not in copies and i not in recompute_reads and i not in unstored:  # one copy, read by ops only
+        if i not in copies and i not in other_reads and i not in unstored:  # one copy, read by ops only
             out[i] = [(i, problem.fixed_end(i))]
             continue
         made = [((i, 1, 0), i), *sorted(copies.get(i, ()))]
         keys = [key for key, _ in made]
         last_read: list[Key | None] = [None] * len(made)
-        for r in [*((u, 1, 0) for u in users), *recompute_reads.get(i, ())]:
+        for r in [*((u, 1, 0) for u in users), *other_reads.get(i, ())]:
             j = bisect.bisect_left(keys, r) - 1  # the latest copy made before the read
             if j >= 0:
                 last_read[j] = max(r, last_read[j] or r)
