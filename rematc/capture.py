@@ -51,6 +51,8 @@ class Captured:
     groups: tuple[tuple[fx.Node, ...], ...]  # FX nodes of each value, owner first
     value_of: dict[fx.Node, int]  # FX node -> value index (absent: no tensor output)
     forward: frozenset[fx.Node]  # FX nodes the forward computes
+    # Values whose recomputation the backward emits once per reader (:func:`per_reader_values`).
+    per_reader: frozenset[int] = frozenset()
 
 
 def capture(
@@ -122,6 +124,8 @@ def capture(
             needs = {d for d in value_deps(deferred[g[0]]) if groups[d][0] in forward}
             group_deps[i] = group_deps[i] | needs
     inline = inline_values(groups, group_deps, forward, costs, kept, extern) if inductor else set()
+    per_reader = per_reader_values(groups, group_deps, forward, costs, kept, extern, inline) if inductor else {}
+    inline |= set(per_reader)
     unstored = {i for i in inline if groups[i][0] not in forward}  # inlined backward values
     problem_nodes: list[Node] = []
     for i, group in enumerate(groups):
@@ -143,7 +147,7 @@ def capture(
                 # An op's workspace lives while it runs: counted with its value, which is
                 # an overcount for the steps its outputs outlive it.
                 size=0 if i in unstored else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
-                time=recompute_seconds(group, own, costs, stored=inductor and i not in inline),
+                time=recompute_seconds(group, own, costs, stored=inductor and i not in inline) * per_reader.get(i, 1),
                 flops=sum(costs[n].flops for n in own),
                 recomputable=_recomputable(group, costs),
                 offloadable=_offloadable(group, costs),
@@ -158,8 +162,10 @@ def capture(
         # AOTAutograd reads the same flag after partitioning, to mark the backward's
         # saved inputs that Inductor may write over.
         donated = bool(torch._functorch.config.donated_buffer)
-        problem = with_inplace_reuse(problem, groups, value_of, costs, unstored, donated=donated)
-    return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward)
+        problem = with_inplace_reuse(problem, groups, value_of, costs, unstored, donated=donated,
+                                     per_reader=per_reader)
+    return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward,
+                    frozenset(per_reader))
 
 
 def recompute_seconds(group: Sequence[fx.Node], own: Sequence[fx.Node],
@@ -303,7 +309,8 @@ def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, 
 
 def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
                        value_of: dict[fx.Node, int], costs: dict[fx.Node, NodeCost],
-                       unstored: Collection[int] = (), *, donated: bool = True) -> Problem:
+                       unstored: Collection[int] = (), *, donated: bool = True,
+                       per_reader: Collection[int] = ()) -> Problem:
     """``problem`` with ``Node.reuses`` set where Inductor writes a kernel's output over an
     input that dies in that kernel.
 
@@ -364,7 +371,7 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
         # (a reduction fused beside v), as large as v's output.
         realized = [d for d in direct(v) & through
                     if len(problem.users[d]) > 1 and costs[groups[d][0]].nbytes == nodes[v].size]
-        for u in sorted(direct(v) - {v}, key=lambda u: _reuse_preference(problem.nodes[u], u)):
+        for u in sorted(direct(v) - {v}, key=lambda u: _reuse_preference(problem.nodes[u], u, u in per_reader)):
             src = problem.nodes[u]
             if (src.size == nodes[v].size > 0 and problem.users[u][-1] == v
                     and not src.resident and not src.keep and groups[u][0].op != "placeholder"
@@ -375,15 +382,17 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     return dataclasses.replace(problem, nodes=tuple(nodes))
 
 
-def _reuse_preference(node: Node, v: int) -> tuple[bool, bool, int]:
+def _reuse_preference(node: Node, v: int, per_reader: bool = False) -> tuple[bool, bool, int]:
     """Which input a kernel writes over, of several that die in it: one that is not inline
     (recomputed, an inline value is computed inside the kernel, no buffer to take), then
     one of the backward's own (Inductor's in-place pass takes the kernel's buffers; a
     forward value arrives as a graph input, taken only when donated), then value order.
     The test GPT's GELU backward writes over the matmul gradient it reads, not over the
     recomputed ``x * 0.5`` it reads first: modelled so, its peaks measure within 4% of
-    their prediction, 13-16% under it before."""
-    return node.inline, not node.backward, v
+    their prediction, 13-16% under it before. A ``per_reader`` value is inline only where
+    the plan recomputes it; saved, it is the stored input the GELU's gradient takes over
+    (the test GPT's tanh), so it ranks as stored."""
+    return node.inline and not per_reader, not node.backward, v
 
 
 def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx.Node, int]:
@@ -651,6 +660,59 @@ def inline_values(
             else:
                 through[i] = recomputed
     return out
+
+
+def per_reader_values(
+    groups: Sequence[Sequence[fx.Node]],
+    deps: Sequence[frozenset[int]],
+    forward: frozenset[fx.Node],
+    costs: dict[fx.Node, NodeCost],
+    kept: set[fx.Node],
+    extern: Collection[fx.Node],
+    inline: Collection[int],
+) -> dict[int, int]:
+    """Forward values whose recomputation the backward emits once per reader, each copy
+    computed inside its reader's kernel and never stored: value -> the kernels that
+    compute it.
+
+    Inductor stores an elementwise result that several ops read when it holds a tanh,
+    exp, log or sigmoid (on the CPU it will not compute one twice), inlined inputs
+    included. For a recomputation that trade is a bad one: the GELU-tanh's ``tanh``
+    recomputed for the GPT-2 benchmark's backward is a 32 MiB buffer per layer, written
+    by the kernel that recomputes the GELU (39 ms there against 16 ms for the forward's,
+    which writes one buffer) and live to the gradient's kernel, which computes the tanh
+    itself in 19 ms when it has its own copy. So the emitter gives each reader its own
+    copy (:func:`rematc.emit.split_per_reader`): the value is ``inline`` and priced once
+    per kernel that computes it: each forward reader's, and one for the backward's. That covers the cheap values that read it too (``1 +
+    tanh``, read by the GELU and its gradient), which would hold the tanh otherwise.
+    Same conditions as :func:`inline_values` otherwise: elementwise, fusible readers, at
+    most ``REALIZE_READS`` buffers read through the inline inputs recomputed with it."""
+
+    def reads(i: int) -> frozenset[int]:
+        return frozenset().union(*(reads(d) if d in inline else {d} for d in deps[i]))
+
+    readers_of: dict[int, set[fx.Node]] = {}
+    for i, group in enumerate(groups):
+        for n in group:
+            for u in n.users:
+                if u not in group and u in costs:
+                    readers_of.setdefault(i, set()).add(u)
+    split: set[int] = set()
+    for i, group in enumerate(groups):
+        if group[0] not in forward or len(readers_of.get(i, ())) < 2:
+            continue
+        heavy = i not in inline or any(d in split for d in deps[i])
+        if not heavy or len(reads(i)) > REALIZE_READS or not _elementwise(group, costs, kept, extern):
+            continue
+        if all(_fusible_reader(u, costs, extern) for u in readers_of[i]):
+            split.add(i)
+    value_of = {n: i for i, group in enumerate(groups) for n in group}
+    final: dict[int, set[fx.Node]] = {}  # the readers that compute it, through split readers
+    for i in sorted(split, reverse=True):
+        final[i] = set().union(*(final.get(value_of.get(u, -1), {u}) for u in readers_of[i]))
+    # A forward reader recomputed is a kernel of its own (stored: a matmul reads the GELU);
+    # the backward's readers of one value fuse into one gradient kernel.
+    return {i: sum(u in forward for u in final[i]) + any(u not in forward for u in final[i]) for i in split}
 
 
 def _inlinable(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: set[fx.Node],

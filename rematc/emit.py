@@ -88,6 +88,8 @@ def emit(
     )
     bw = reordering_to_mimic_autograd_engine(bw)
     fw, bw = raise_getitems(fw), raise_getitems(bw)
+    if split_per_reader(bw, captured, plan):
+        bw.recompile()
     offloaded = [captured.groups[t.node][0].name for t in plan.transfers]
     for t, name in zip(plan.transfers, offloaded, strict=True):
         emit_offload(fw, bw, captured, t, name)
@@ -153,6 +155,42 @@ def _fake(op: Any, val: Any) -> Any:
         return op(val)
 
 
+PER_READER = "_per_reader"  # a per-reader copy's name: the original's and this
+
+
+def split_per_reader(bw: fx.GraphModule, captured: Captured, plan: Plan) -> int:
+    """Give each backward reader of a recomputed ``per_reader`` value its own copy of the
+    value's nodes, placed right before it, so that Inductor computes it inside that
+    reader's kernel instead of storing it (:func:`rematc.capture.per_reader_values`).
+    Copies are named ``<original>_per_reader<k>``. Returns how many copies were made."""
+    by_name = {n.name: n for n in bw.graph.nodes}
+    copies = 0
+    for i in sorted(captured.per_reader, reverse=True):  # readers first: their copies read it
+        if plan.decisions.get(i) is not Decision.RECOMPUTE:
+            continue
+        chain = [by_name[n.name] for n in captured.groups[i] if n.name in by_name]
+        members = set(chain)
+        position = {n: k for k, n in enumerate(bw.graph.nodes)}
+        chain.sort(key=position.__getitem__)
+        readers = sorted({u for n in chain for u in n.users if u not in members}, key=position.__getitem__)
+        for reader in readers[1:]:
+            for original, copy in _copy_before(bw, chain, reader).items():
+                reader.replace_input_with(original, copy)
+            copies += 1
+    return copies
+
+
+def _copy_before(bw: fx.GraphModule, chain: list[fx.Node], reader: fx.Node) -> dict[fx.Node, fx.Node]:
+    """Copies of ``chain`` (in order, each reading the copies before it) placed before ``reader``."""
+    made: dict[fx.Node, fx.Node] = {}
+    with bw.graph.inserting_before(reader):
+        for n in chain:
+            made[n] = bw.graph.node_copy(n, lambda a: made.get(a, a))
+            # A name no joint-graph node has, which :func:`verify` maps back to the original.
+            made[n]._rename(f"{n.name}{PER_READER}")
+    return made
+
+
 def recomputed_nodes(captured: Captured, plan: Plan) -> set[fx.Node]:
     """Forward FX nodes the backward recomputes: every node of a RECOMPUTE value."""
     return {
@@ -170,7 +208,8 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
     * every node is defined before it is used, in both graphs (FX lint);
     * the backward contains a copy of exactly the planned recomputations that it reads,
       and no other forward node;
-    * each copy calls the same op with the same arguments as its original;
+    * each copy calls the same op with the same arguments as its original (a per-reader
+      copy: the same op as its original);
     * every offloaded tensor is copied out once and waited for once in the forward, which
       saves the host copy instead of it, and copied back once in the backward, waited
       for before every other use (:func:`verify_offload`).
@@ -186,6 +225,13 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
     # A recomputation that reads an offloaded tensor reads the wait for its copy back.
     reloaded = {w.name: w.args[1].name for w in emitted.backward.graph.nodes
                 if w.target is WAIT and isinstance(w.args[1], fx.Node)}
+    copies: dict[str, str] = {}  # a per-reader copy's name -> its original's
+    for n in emitted.backward.graph.nodes:
+        if n.op == "call_function" and PER_READER in n.name and n.name not in fwd_names:
+            original_name = n.name.rsplit(PER_READER, 1)[0]
+            if original_name not in planned or n.target is not joint_by_name[original_name].target:
+                raise EmitError(f"backward copy {n.format_node()} is no planned recomputation")
+            copies[n.name] = original_name
     for n in emitted.backward.graph.nodes:
         if n.op != "call_function" or n.name not in fwd_names or n.name in placeholders:
             continue
@@ -194,7 +240,7 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
         if n.name not in planned:
             raise EmitError(f"backward recomputes {n.format_node()}, which the plan saves")
         original = joint_by_name[n.name]
-        if n.target is not original.target or _arg_names(n, reloaded) != _arg_names(original):
+        if n.target is not original.target or _arg_names(n, {**copies, **reloaded}) != _arg_names(original):
             raise EmitError(
                 f"recomputed {n.format_node()} differs from its original {original.format_node()}"
             )
