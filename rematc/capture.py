@@ -391,7 +391,9 @@ def _reuse_preference(node: Node, v: int, per_reader: bool = False) -> tuple[boo
     recomputed ``x * 0.5`` it reads first: modelled so, its peaks measure within 4% of
     their prediction, 13-16% under it before. A ``per_reader`` value is inline only where
     the plan recomputes it; saved, it is the stored input the GELU's gradient takes over
-    (the test GPT's tanh), so it ranks as stored."""
+    (the test GPT's tanh), so it ranks as stored. Recomputed, it has no buffer to take:
+    the model then credits no take-over, and the input Inductor takes instead is counted
+    one step longer (on the safe side)."""
     return node.inline and not per_reader, not node.backward, v
 
 
@@ -683,13 +685,15 @@ def per_reader_values(
     which writes one buffer) and live to the gradient's kernel, which computes the tanh
     itself in 19 ms when it has its own copy. So the emitter gives each reader its own
     copy (:func:`rematc.emit.split_per_reader`): the value is ``inline`` and priced once
-    per kernel that computes it: each forward reader's, and one for the backward's. That covers the cheap values that read it too (``1 +
-    tanh``, read by the GELU and its gradient), which would hold the tanh otherwise.
-    Same conditions as :func:`inline_values` otherwise: elementwise, fusible readers, at
-    most ``REALIZE_READS`` buffers read through the inline inputs recomputed with it."""
+    per kernel that computes it, each recomputed forward reader's and one for the
+    backward's. That covers the cheap values that read it too (``1 + tanh``, read by the
+    GELU and its gradient), which would hold the tanh otherwise. Same conditions as
+    :func:`inline_values` otherwise: elementwise, fusible readers, at most
+    ``REALIZE_READS`` buffers read through the inline inputs recomputed with it."""
+    split: set[int] = set()
 
     def reads(i: int) -> frozenset[int]:
-        return frozenset().union(*(reads(d) if d in inline else {d} for d in deps[i]))
+        return frozenset().union(*(reads(d) if d in inline or d in split else {d} for d in deps[i]))
 
     readers_of: dict[int, set[fx.Node]] = {}
     for i, group in enumerate(groups):
@@ -697,7 +701,6 @@ def per_reader_values(
             for u in n.users:
                 if u not in group and u in costs:
                     readers_of.setdefault(i, set()).add(u)
-    split: set[int] = set()
     for i, group in enumerate(groups):
         if group[0] not in forward or len(readers_of.get(i, ())) < 2:
             continue

@@ -162,7 +162,8 @@ def split_per_reader(bw: fx.GraphModule, captured: Captured, plan: Plan) -> int:
     """Give each backward reader of a recomputed ``per_reader`` value its own copy of the
     value's nodes, placed right before it, so that Inductor computes it inside that
     reader's kernel instead of storing it (:func:`rematc.capture.per_reader_values`).
-    Copies are named ``<original>_per_reader<k>``. Returns how many copies were made."""
+    Copies are named ``<original>_per_reader`` (FX numbers further ones). Returns how
+    many copies were made."""
     by_name = {n.name: n for n in bw.graph.nodes}
     copies = 0
     for i in sorted(captured.per_reader, reverse=True):  # readers first: their copies read it

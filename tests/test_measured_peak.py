@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -143,6 +144,27 @@ def test_profiler_agrees_with_rss_on_compiled_step() -> None:
     assert got["profiler"] <= got["budget"] * (1 + PEAK_TOLERANCE), got
 
 
+def pin_plan(monkeypatch: pytest.MonkeyPatch, recompute: Callable[[Problem], set[int]]) -> list[tuple[Problem, Plan]]:
+    """Make every rematc compile recompute ``recompute(problem)`` and save the rest, instead
+    of searching; returns the list each compile appends its problem and plan to."""
+    from rematc import partition
+    from solvers import SolveResult, Status, check
+    from solvers.baselines import plan_with
+
+    chosen: list[tuple[Problem, Plan]] = []
+
+    def pinned(problem: Problem, options: object) -> partition.Planned:
+        plan = plan_with(problem, recompute(problem))
+        report = check(problem, plan)
+        chosen.append((problem, plan))
+        return partition.Planned(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
+                                             objective=report.added_time, bound=0.0, wall_time=0.0,
+                                             solver="test"), cached=False)
+
+    monkeypatch.setattr(partition, "plan_for", pinned)
+    return chosen
+
+
 @pytest.mark.inductor
 def test_a_recomputed_log_softmax_is_not_stored_by_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """The logits saved and the log-softmax recomputed (the shape of PyTorch's knapsack
@@ -150,23 +172,14 @@ def test_a_recomputed_log_softmax_is_not_stored_by_the_forward(monkeypatch: pyte
     stores it (``Node.fused``), so the model's forward peak is the measured one. In the
     backward Inductor may write the loss gradient over the saved logits or not (docs,
     "Not followed"); the model assumes not, so the step stays within its prediction."""
-    from rematc import partition
-    from solvers import SolveResult, Status, check
-    from solvers.baselines import plan_with
+    from solvers import check
 
-    chosen: list[tuple[Problem, Plan]] = []
-
-    def save_the_logits(problem: Problem, options: object) -> partition.Planned:
+    def the_log_softmax(problem: Problem) -> set[int]:
         (v,) = [v for v in problem.candidates if problem.nodes[v].fused and problem.nodes[v].reuses is not None
                 and problem.nodes[problem.nodes[v].reuses].op == "aten.mm"]
-        plan = plan_with(problem, {v})
-        report = check(problem, plan)
-        chosen.append((problem, plan))
-        return partition.Planned(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
-                                             objective=report.added_time, bound=0.0, wall_time=0.0,
-                                             solver="test"), cached=False)
+        return {v}
 
-    monkeypatch.setattr(partition, "plan_for", save_the_logits)
+    chosen = pin_plan(monkeypatch, the_log_softmax)
     model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
     compiled = rematc.compile(model, compiler="inductor", cache_dir=None)
     step = measured_step_peak(compiled, model, inputs)
@@ -188,21 +201,9 @@ def test_a_recomputed_tanh_is_computed_in_each_reader(monkeypatch: pytest.Monkey
     (which has the tanh ``inline``) and the gradients are eager's."""
     from torch._inductor.utils import run_and_get_code
 
-    from rematc import partition
-    from solvers import SolveResult, Status, check
-    from solvers.baselines import plan_with
+    from solvers import check
 
-    chosen: list[tuple[Problem, Plan]] = []
-
-    def recompute_everything(problem: Problem, options: object) -> partition.Planned:
-        plan = plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})
-        report = check(problem, plan)
-        chosen.append((problem, plan))
-        return partition.Planned(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
-                                             objective=report.added_time, bound=0.0, wall_time=0.0,
-                                             solver="test"), cached=False)
-
-    monkeypatch.setattr(partition, "plan_for", recompute_everything)
+    chosen = pin_plan(monkeypatch, lambda p: {v for v in p.candidates if p.nodes[v].recomputable})
     model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
     reference, _ = make_gpt(CONFIG, batch=BATCH, seed=0)
     reference(*inputs).backward()
