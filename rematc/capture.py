@@ -124,7 +124,7 @@ def capture(
             needs = {d for d in value_deps(deferred[g[0]]) if groups[d][0] in forward}
             group_deps[i] = group_deps[i] | needs
     inline = inline_values(groups, group_deps, forward, costs, kept, extern) if inductor else set()
-    per_reader = per_reader_values(groups, group_deps, forward, costs, kept, extern, inline) if inductor else {}
+    per_reader = per_reader_values(groups, value_of, group_deps, forward, costs, kept, extern, inline) if inductor else {}
     inline |= set(per_reader)
     unstored = {i for i in inline if groups[i][0] not in forward}  # inlined backward values
     problem_nodes: list[Node] = []
@@ -275,7 +275,7 @@ def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]
         group, node = groups[v], nodes[v]
         if node.resident or node.keep or node.size == 0 or not _elementwise(group, costs, kept, extern):
             continue
-        fx_readers = {u for n in group for u in n.users if u not in group}
+        fx_readers = readers_of(group)
         in_forward = {u for u in fx_readers if u in forward}
         readers = problem.forward_users[v]
         if (len(readers) == 1 and not nodes[readers[0]].fused and problem.backward_uses[v]
@@ -580,13 +580,18 @@ def inline_reader(
             return None
         if (n is not head and not _inline_view(n)) or (n in forward) != phase:
             return None
-    readers = {u for n in group for u in n.users if u not in group}
+    readers = readers_of(group)
     if len(readers) != 1:
         return None
     (u,) = readers
     if not _fusible_reader(u, costs, extern) or (u in forward) != phase:
         return None
     return u if u in value_of else None
+
+
+def readers_of(group: Sequence[fx.Node]) -> set[fx.Node]:
+    """The FX nodes outside a value's group that read it (through any of its nodes)."""
+    return {u for n in group for u in n.users if u not in group}
 
 
 def _stays_stored(n: fx.Node, kept: set[fx.Node]) -> bool:
@@ -666,6 +671,7 @@ def inline_values(
 
 def per_reader_values(
     groups: Sequence[Sequence[fx.Node]],
+    value_of: dict[fx.Node, int],
     deps: Sequence[frozenset[int]],
     forward: frozenset[fx.Node],
     costs: dict[fx.Node, NodeCost],
@@ -695,24 +701,18 @@ def per_reader_values(
     def reads(i: int) -> frozenset[int]:
         return frozenset().union(*(reads(d) if d in inline or d in split else {d} for d in deps[i]))
 
-    readers_of: dict[int, set[fx.Node]] = {}
+    readers = [{u for u in readers_of(group) if u in costs} for group in groups]
     for i, group in enumerate(groups):
-        for n in group:
-            for u in n.users:
-                if u not in group and u in costs:
-                    readers_of.setdefault(i, set()).add(u)
-    for i, group in enumerate(groups):
-        if group[0] not in forward or len(readers_of.get(i, ())) < 2:
+        if group[0] not in forward or len(readers[i]) < 2:
             continue
         heavy = i not in inline or any(d in split for d in deps[i])
         if not heavy or len(reads(i)) > REALIZE_READS or not _elementwise(group, costs, kept, extern):
             continue
-        if all(_fusible_reader(u, costs, extern) for u in readers_of[i]):
+        if all(_fusible_reader(u, costs, extern) for u in readers[i]):
             split.add(i)
-    value_of = {n: i for i, group in enumerate(groups) for n in group}
     final: dict[int, set[fx.Node]] = {}  # the readers that compute it, through split readers
     for i in sorted(split, reverse=True):
-        final[i] = set().union(*(final.get(value_of.get(u, -1), {u}) for u in readers_of[i]))
+        final[i] = set().union(*(final.get(value_of.get(u, -1), {u}) for u in readers[i]))
     # A forward reader recomputed is a kernel of its own (stored: a matmul reads the GELU);
     # the backward's readers of one value fuse into one gradient kernel.
     return {i: sum(u in forward for u in final[i]) + any(u not in forward for u in final[i]) for i in split}
@@ -724,7 +724,7 @@ def _inlinable(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: s
     another reason, and on the CPU free of the ops Inductor will not compute twice."""
     if not _elementwise(group, costs, kept, extern):
         return False
-    if not all(_fusible_reader(u, costs, extern) for n in group for u in n.users if u not in group):
+    if not all(_fusible_reader(u, costs, extern) for u in readers_of(group)):
         return False
     head = group[0]
     return not (costs[head].device == "cpu" and any(

@@ -23,7 +23,7 @@ from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.utils import run_and_get_code
 
 import rematc
-from rematc.capture import Captured, addmm_pairs, held_for_addmm
+from rematc.capture import Captured, addmm_pairs, held_for_addmm, readers_of
 from rematc.devices import profile_for
 from rematc.models import GPTConfig, make_gpt
 from rematc.partition import capture_stage
@@ -405,7 +405,7 @@ def test_cheap_values_read_several_times_are_inlined_when_recomputed(both: tuple
     for i in inline:
         group = fused.groups[i]
         assert i in fused.per_reader or all(_op(n) != "tanh" for n in group)
-        readers = {u for n in group for u in n.users if u not in group}
+        readers = readers_of(group)
         assert all(torch.Tag.pointwise in u.target.tags or torch.Tag.reduction in u.target.tags
                    for u in readers), [u.name for u in readers]
     (tanh,) = [i for i, g in enumerate(fused.groups) if any(_op(n) == "tanh" for n in g)]
