@@ -127,6 +127,7 @@ def capture(
     per_reader = per_reader_values(groups, value_of, group_deps, forward, costs, kept, extern, inline) if inductor else {}
     inline |= set(per_reader)
     unstored = {i for i in inline if groups[i][0] not in forward}  # inlined backward values
+    stale = reads_mutated_input(nodes, forward, costs)
     problem_nodes: list[Node] = []
     for i, group in enumerate(groups):
         head = group[0]
@@ -149,7 +150,7 @@ def capture(
                 size=0 if i in unstored else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
                 time=recompute_seconds(group, own, costs, stored=inductor and i not in inline) * per_reader.get(i, 1),
                 flops=sum(costs[n].flops for n in own),
-                recomputable=_recomputable(group, costs),
+                recomputable=_recomputable(group, costs) and not stale.intersection(group),
                 offloadable=_offloadable(group, costs),
                 resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
@@ -882,7 +883,9 @@ def _backward_order(nodes: list[fx.Node], forward: frozenset[fx.Node]) -> list[f
     after the backward inputs it still needs (earlier backward nodes are pulled in lazily)."""
     position = {n: k for k, n in enumerate(nodes)}
     backward = [n for n in nodes if n not in forward]
-    readers = [u for t in backward if _is_tangent(t) or _is_bwd_seed_offset(t) for u in t.users]
+    # The output node is not placed: a tangent returned unchanged as a gradient has no reader.
+    readers = [u for t in backward if _is_tangent(t) or _is_bwd_seed_offset(t)
+               for u in t.users if u in position]
     start = min((position[u] for u in readers), default=len(nodes))
     placed: set[fx.Node] = set()
     out: list[fx.Node] = []
@@ -926,6 +929,26 @@ def _recomputable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
         if _mutates(n):
             return False
     return True
+
+
+def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],
+                        costs: dict[fx.Node, NodeCost]) -> frozenset[fx.Node]:
+    """Forward nodes that read an input the forward updates in place, directly or through
+    a view of it: save-only.
+
+    AOTAutograd keeps a forward input mutation in the joint graph as a ``copy_`` into the
+    input (or applies it in its epilogue), so by the time the backward runs the input holds
+    its new value. A recomputation reading it would compute from that new value, not the
+    one the forward read, and give a wrong gradient without an error."""
+    mutated = {costs[n.args[0]].owner for n in nodes
+               if n in forward and _mutates(n) and n.args and isinstance(n.args[0], fx.Node)
+               and n.args[0] in costs}
+    mutated &= {n.name for n in nodes if n.op == "placeholder"}
+    if not mutated:
+        return frozenset()
+    aliases = {n for n in nodes if costs[n].owner in mutated}  # the inputs and their views
+    return frozenset(n for n in nodes if n in forward and n.op != "placeholder"
+                     and (n in aliases or aliases.intersection(n.all_input_nodes)))
 
 
 def _offloadable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
