@@ -20,6 +20,7 @@ Two model sources:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -119,7 +120,7 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
             SHAPES_KEY: json.dumps(shapes, separators=(",", ":"))}
     problem = Problem(nodes=t.problem.nodes, host_bandwidth=t.problem.host_bandwidth, name=name,
                       meta=meta)
-    captured = Captured(problem, t.captured.groups, t.captured.value_of, t.captured.forward)
+    captured = dataclasses.replace(t.captured, problem=problem)
     return Traced(problem, t.joint, captured, t.num_fwd_outputs, t.static_inputs)
 
 

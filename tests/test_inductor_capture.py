@@ -556,3 +556,17 @@ def test_values_read_once_in_a_graph_are_stored_only_where_the_plan_keeps_them()
     assert p.nodes[p.fused_reader(v)].op == "aten.gather"
     # Each LayerNorm's normalized input is read in the forward by its scale-and-shift only.
     assert any(p.nodes[w].fused and p.nodes[p.fused_reader(w)].op == "aten.add" for w in p.candidates)
+
+
+def test_trace_keeps_everything_the_backend_captures() -> None:
+    """``rematc.trace`` (behind the CLI's ``--dump-dir`` graphs) renames the problem but
+    keeps the capture: the per-reader recomputations of the GELU's tanh included (it
+    rebuilt ``Captured`` positionally and dropped them)."""
+    from rematc.trace import trace
+
+    config = GPTConfig(n_layer=1, d_model=64, n_head=2, seq_len=32, vocab=128)
+    model, inputs = make_gpt(config, batch=2, seed=0)
+    traced = trace(model, inputs, name="gpt")
+    assert traced.captured.problem is traced.problem and traced.problem.name == "gpt"
+    assert traced.captured.per_reader
+    assert all(traced.problem.nodes[i].inline for i in traced.captured.per_reader)
