@@ -82,14 +82,14 @@ def load(root: pathlib.Path, digest: str, problem: Problem) -> SolveResult | Non
     """The cached result for ``digest`` if present and valid for ``problem``, else None."""
     path = _path(root, digest)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
         log.warning("rematc plan cache: cannot read %s (%s); solving instead", path, e)
         return None
     try:
-        entry = json.loads(text)
+        entry = json.loads(data.decode("utf-8"))  # UnicodeDecodeError is a ValueError
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != digest:
             raise ValueError("not an entry of this format and key")
         plan = plan_from_json(entry["plan"])
@@ -105,7 +105,8 @@ def load(root: pathlib.Path, digest: str, problem: Problem) -> SolveResult | Non
             wall_time=float(entry["wall_time"]), solver=str(entry["solver"]),
             stats={"cache": str(path)},
         )
-    except (ValueError, KeyError, TypeError, PlanError) as e:
+    # RecursionError: JSON nested deeper than Python's parser recurses.
+    except (ValueError, KeyError, TypeError, RecursionError, PlanError) as e:
         log.warning("rematc plan cache: ignoring invalid entry %s (%s); solving again", path, e)
         return None
 

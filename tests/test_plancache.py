@@ -70,15 +70,17 @@ def test_round_trip(tmp_path: pathlib.Path) -> None:
         json.dumps([1, 2, 3]),
         json.dumps({"format": "rematc.plancache/0"}),
         json.dumps({"format": plancache.FORMAT, "key": "0" * 64}),
+        b"\xff\xfe{}",  # not UTF-8
+        "[" * 100_000 + "]" * 100_000,  # deeper than the JSON parser recurses
     ],
-    ids=["truncated", "empty", "list", "old-format", "other-key"],
+    ids=["truncated", "empty", "list", "old-format", "other-key", "not-utf8", "deep"],
 )
-def test_corrupt_entry_is_ignored(tmp_path: pathlib.Path, corrupt: str) -> None:
+def test_corrupt_entry_is_ignored(tmp_path: pathlib.Path, corrupt: str | bytes) -> None:
     problem = _problem()
     digest = plancache.key(problem, CONFIG)
     path = plancache._path(tmp_path, digest)
     path.parent.mkdir(parents=True)
-    path.write_text(corrupt)
+    path.write_bytes(corrupt if isinstance(corrupt, bytes) else corrupt.encode())
     assert plancache.load(tmp_path, digest, problem) is None
 
 
