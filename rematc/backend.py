@@ -53,8 +53,12 @@ class Backend:
                                        partitioner.lost_donations)
             if self.options.budget is not None:
                 inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
-            compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
-                                  config_patches=inductor_patches(self.options, partitioner))
+            # AOTAutograd's cache would skip the partitioner: no record, and a later graph
+            # of the step planned without what this one holds. Inductor's FX graph cache
+            # (the generated code) and rematc's plan cache still serve.
+            with torch._functorch.config.patch(enable_autograd_cache=False):
+                compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
+                                      config_patches=inductor_patches(self.options, partitioner))
             return cast(Callable[..., Any], compiled)
         # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
         # no codegen (what the aot_eager backend does, with our partitioner).

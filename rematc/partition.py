@@ -18,7 +18,6 @@ import logging
 import pathlib
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -177,6 +176,13 @@ class GraphBreakWarning(UserWarning):
 
 
 class RematPartitioner(CustomPartitionerFn):
+    """AOTAutograd's partition function for one compiled step.
+
+    It is a handle: ``copy.deepcopy`` returns the same partitioner (Inductor copies its
+    config, this partitioner included, and the backend reads the plan from the one that
+    ran), and pickling keeps only its options, which with our sources are all its
+    ``uuid()`` covers, so Inductor's FX graph and AOTAutograd caches can key on it."""
+
     def __init__(self, options: Options, share: BudgetShare | None = None) -> None:
         self.options = options
         self.share = share if share is not None else BudgetShare()
@@ -184,20 +190,27 @@ class RematPartitioner(CustomPartitionerFn):
         # pool's rule under a budget (rematc.reuse); None before a plan, without a budget or
         # off Inductor.
         self.room: Room | None = None
-        # The saved values the last plan needs donated (rematc.donation), and its record
-        # (by weak reference: Inductor deep-copies its config, this partitioner included,
-        # and a record's plan does not copy).
+        # The saved values the last plan needs donated (rematc.donation), and its record.
         self.donations: dict[str, int] = {}
-        self.record: Callable[[], PartitionRecord | None] = lambda: None
+        self.record: PartitionRecord | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RematPartitioner:
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
 
     def lost_donations(self, gone: dict[str, int]) -> None:
         """Note on the last plan's record the bytes of its donations that did not come
         (``rematc.donation``)."""
-        old = self.record()
+        old = self.record
         if old is None:
             return
         new = replace(old, undonated=sum(gone.values()))
-        self.record = weakref.ref(new)
+        self.record = new
         for i, r in enumerate(_RECORDS):
             if r is old:
                 _RECORDS[i] = new
@@ -270,7 +283,7 @@ class RematPartitioner(CustomPartitionerFn):
             holds=holds, size_bounds=bounds,
         )
         _RECORDS.append(record)
-        self.record = weakref.ref(record)
+        self.record = record
         log.info("rematc: %d values, budget %s B, predicted peak %d B (unconstrained %d B), "
                  "+%.3g s, %s by %s%s in %.2f s", record.values, problem.budget, report.peak,
                  unconstrained.peak, report.added_time, record.status, record.solver,

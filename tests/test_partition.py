@@ -62,3 +62,30 @@ def test_a_budget_below_what_free_values_can_reach_skips_their_search(monkeypatc
     monkeypatch.setattr(rematc.partition, "least_peak_free", no_search)
     result = _plan(20, "inductor")
     assert result.solver == "cpsat"
+
+
+def test_the_partitioner_pickles_to_its_options_and_copies_to_itself() -> None:
+    """Inductor pickles its config, the partitioner included, for its FX graph cache key;
+    a lambda in the partitioner made every compile bypass that cache (and log a
+    traceback). Its deep copies must be itself: the backend reads the plan from it."""
+    import copy
+    import pickle
+
+    import torch
+    from torch._inductor import config as inductor_config
+
+    import rematc
+    from rematc.models import MLPConfig, make_mlp
+    from rematc.partition import RematPartitioner
+
+    options = Options.from_mapping({"budget": "1GiB", "compiler": "eager"})
+    partitioner = RematPartitioner(options)
+    model, inputs = make_mlp(MLPConfig(), batch=8, seed=0)
+    torch.compile(model, backend=rematc.Backend(options))(*inputs)  # another partitioner ran
+    partitioner.record = rematc.records()[-1]  # what a compile leaves on it
+    with inductor_config.patch(custom_partitioner_fn=partitioner):
+        blob = inductor_config.save_config()  # what the cache key pickles
+    again = pickle.loads(blob)["custom_partitioner_fn"]
+    assert again.options == options and again.uuid() == partitioner.uuid()
+    assert pickle.dumps(again) == pickle.dumps(partitioner)  # the key does not see the plan
+    assert copy.deepcopy(partitioner) is partitioner
