@@ -10,6 +10,7 @@ from rematc.donation import DonationWarning
 from rematc.errors import NoPlanError, RematcError, SolverError
 from rematc.options import Options
 from rematc.partition import (
+    BudgetWarning,
     GraphBreakWarning,
     PartitionRecord,
     SolverFallbackWarning,
@@ -23,6 +24,7 @@ __all__ = [
     "PROFILES",
     "Backend",
     "Budget",
+    "BudgetWarning",
     "DeviceProfile",
     "DonationWarning",
     "GraphBreakWarning",

@@ -53,6 +53,7 @@ from solvers import (
     InfeasibleBudgetError,
     Plan,
     Problem,
+    Report,
     SolverConfig,
     SolveResult,
     Status,
@@ -131,6 +132,7 @@ class BudgetShare:
     """
 
     holds: dict[tuple[int, int], int] = field(default_factory=dict)  # graph -> bytes
+    problems: dict[tuple[int, int], Problem] = field(default_factory=dict)  # graph -> its problem, no budget
     calls: dict[str, int] = field(default_factory=dict)  # compile id -> graphs so far
     warned: bool = False
 
@@ -148,9 +150,38 @@ class BudgetShare:
             return 0
         return sum(b for g, b in self.holds.items() if g < graph)
 
-    def record(self, graph: tuple[int, int] | None, holds: int) -> None:
+    def smallest_step_budget(self, graph: tuple[int, int] | None, least: int,
+                             options: Options) -> int | None:
+        """The smallest step budget found at which the graphs before ``graph``, planned
+        as they would be at it, leave ``graph`` its ``least`` bytes; None if none found.
+
+        At a larger budget an earlier graph may plan to hold more, so the figure is
+        searched for: ask B, re-plan the earlier graphs at B, and raise B to what they
+        then hold plus ``least`` until it stands. The plans are kept in hand
+        (:func:`keep_in_hand`), so asking for the figure gets the same ones."""
+        earlier = sorted(g for g in self.problems if graph is not None and g < graph)
+        step = self.held_before(graph) + least
+        for _ in range(MAX_STEP_ROUNDS):
+            held = 0
+            for g in earlier:
+                problem = self.problems[g].with_budget(step - held)
+                try:
+                    plan = plan_for(problem, options).result.plan
+                except (InfeasibleBudgetError, NoPlanError):
+                    return None
+                assert plan is not None
+                keep_in_hand(problem, plan, options)
+                held += holds_after_forward(problem, check(problem, plan))
+            if held + least <= step:
+                return step
+            step = held + least
+        return None
+
+    def record(self, graph: tuple[int, int] | None, holds: int, problem: Problem | None = None) -> None:
         if graph is None:
             return
+        if problem is not None:
+            self.problems[graph] = problem.with_budget(None)
         grew = graph in self.holds and holds > self.holds[graph]
         later = [g for g in self.holds if g > graph]
         if grew and later:
@@ -169,6 +200,66 @@ class BudgetShare:
                 GraphBreakWarning,
                 stacklevel=2,
             )
+
+
+# Rounds of :meth:`BudgetShare.smallest_step_budget`: each raises the figure; earlier graphs
+# hold at most their save-all bytes, so it stands within a few.
+MAX_STEP_ROUNDS = 8
+
+
+class BudgetWarning(UserWarning):
+    """A fraction budget a graph cannot reach: it runs at its smallest feasible peak."""
+
+
+def holds_after_forward(problem: Problem, report: Report) -> int:
+    """Bytes a graph's plan holds when its forward ends: the saved values and the
+    forward's outputs, which stay alive while later graphs of the step run."""
+    return report.saved_bytes + sum(
+        n.size for n in problem.nodes[: problem.n_forward] if n.keep and not n.resident)
+
+
+# Plans an error stated as the smallest feasible, by problem: (the budget stated, the
+# plan), so that asking for that budget gets that plan, whatever a new search would find
+# in its time limit.
+_IN_HAND: dict[str, tuple[int | None, Plan]] = {}
+_IN_HAND_MAX = 256
+
+
+def keep_in_hand(problem: Problem, plan: Plan, options: Options) -> None:
+    """Remember ``plan`` as the plan for ``problem`` at its budget (see :func:`plan_for`),
+    in this process and in the plan cache, when there is one."""
+    if len(_IN_HAND) >= _IN_HAND_MAX:
+        _IN_HAND.pop(next(iter(_IN_HAND)))
+    _IN_HAND[_unbudgeted_key(problem)] = (problem.budget, plan)
+    root = plancache.directory(options.cache_dir)
+    report = check(problem, plan)
+    if root is not None and report.fits:
+        result = SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
+                             objective=report.added_time, bound=0.0, wall_time=0.0,
+                             solver="least-peak")
+        plancache.store(root, plancache.key(problem, options.solver, options.compiler), result)
+
+
+def in_hand(problem: Problem, *, any_budget: bool = False) -> SolveResult | None:
+    """The plan kept in hand for ``problem``: for its budget, or (``any_budget``) for any
+    budget, if the checker accepts it at this one."""
+    entry = _IN_HAND.get(_unbudgeted_key(problem)) if _IN_HAND else None
+    if entry is None or not (any_budget or entry[0] == problem.budget):
+        return None
+    report = check(problem, entry[1])
+    if not report.fits:
+        return None
+    return SolveResult(status=Status.FEASIBLE, plan=entry[1], report=report,
+                       objective=report.added_time, bound=0.0, wall_time=0.0, solver="in-hand")
+
+
+def forget_plans_in_hand() -> None:
+    """Drop the plans kept by :func:`keep_in_hand` (tests start from none)."""
+    _IN_HAND.clear()
+
+
+def _unbudgeted_key(problem: Problem) -> str:
+    return plancache.key(problem.with_budget(None), SolverConfig())
 
 
 class GraphBreakWarning(UserWarning):
@@ -218,6 +309,42 @@ class RematPartitioner(CustomPartitionerFn):
                  "donated (%s): the peak may exceed the predicted %d B by that much",
                  new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
 
+    def least(self, problem: Problem, e: InfeasibleBudgetError, *,
+              graph: tuple[int, int] | None, held: int, asked: int | None) -> tuple[Planned, Problem]:
+        """What an infeasible budget leaves: under a fraction, the graph's least-peak plan
+        (a fraction asks to shrink; it cannot shrink further) with one warning; under a
+        byte budget, :class:`InfeasibleBudgetError` stating the smallest budget for the
+        whole step, whose plans are kept in hand for when it is asked for."""
+        where = "" if graph is None else f"graph {graph[1]} of frame {graph[0]}: "
+        budget = self.options.budget
+        assert budget is not None
+        if budget.fraction is not None:
+            if e.plan is None or e.min_feasible is None:
+                raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven,
+                                            where=f"{where}{budget}") from e
+            least = problem.with_budget(e.min_feasible)
+            report = check(least, e.plan)
+            full = save_all(problem).report
+            assert full is not None  # no budget: saving everything always fits
+            warnings.warn(
+                f"rematc: {where}cannot shrink to {budget} ({e.budget} B): it runs at its "
+                f"smallest feasible peak, {report.peak} B ({report.peak / max(1, full.peak):.0%} "
+                "of unconstrained).", BudgetWarning, stacklevel=2)
+            result = SolveResult(status=Status.FEASIBLE if not e.proven else Status.OPTIMAL,
+                                 plan=e.plan, report=report, objective=report.added_time,
+                                 bound=0.0, wall_time=0.0, solver="least-peak")
+            return Planned(result, cached=False), least
+        assert asked is not None
+        if e.min_feasible is None:
+            raise InfeasibleBudgetError(asked, None, proven=e.proven, where=where) from e
+        if e.plan is not None:
+            keep_in_hand(problem.with_budget(e.min_feasible), e.plan, self.options)
+        if not held:
+            raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven, where=where) from e
+        step = self.share.smallest_step_budget(graph, e.min_feasible, self.options)
+        raise InfeasibleBudgetError(asked, step, proven=False,
+                                    where=f"{where}with what the earlier graphs hold: ") from e
+
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
         # only for the same budget, solver settings and code.
@@ -249,20 +376,14 @@ class RematPartitioner(CustomPartitionerFn):
         try:
             planned = plan_for(problem, self.options)
         except InfeasibleBudgetError as e:
-            if not held or budget is None:
-                raise
-            raise InfeasibleBudgetError(
-                budget, None if e.min_feasible is None else e.min_feasible + held, proven=False
-            ) from e
+            planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
         if not report.fits:
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
-        holds = report.saved_bytes + sum(
-            n.size for n in problem.nodes[: problem.n_forward] if n.keep and not n.resident
-        )
-        self.share.record(graph, holds)
+        holds = holds_after_forward(problem, report)
+        self.share.record(graph, holds, captured.problem)
         if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
             self.room = room_of(problem, result.plan, report.timeline,
                                 [[n.name for n in group] for group in captured.groups])
@@ -354,6 +475,9 @@ def plan_for(problem: Problem, options: Options) -> Planned:
         hit = plancache.load(root, digest, problem)
         if hit is not None:
             return Planned(hit, cached=True)
+    kept = in_hand(problem)
+    if kept is not None:
+        return Planned(kept, cached=False)
     if options.compiler == "inductor" and _free_may_fit(problem):
         # Under Inductor a recomputed pointwise op fuses into its reader, so recomputing
         # those is nearly free. A budget that plan meets changes nothing: the search for
@@ -371,8 +495,18 @@ def plan_for(problem: Problem, options: Options) -> Planned:
     if problem.single_phase and problem.budget is not None and unconstrained.report is not None:
         # No backward to recompute in: emission recomputes forward values in the backward
         # only, so the forward's own peak is the least this graph can do.
-        raise InfeasibleBudgetError(problem.budget, unconstrained.report.peak)
-    result = _searching(solve, problem, options)
+        raise InfeasibleBudgetError(problem.budget, unconstrained.report.peak,
+                                    plan=save_all(problem.with_budget(None)).plan)
+    try:
+        result = _searching(solve, problem, options)
+    except InfeasibleBudgetError as e:
+        # A search in its time limit may state a worse least peak than a plan stated
+        # before, in hand: that plan fits, so the budget is not infeasible.
+        kept = in_hand(problem, any_budget=True)
+        if kept is None:
+            raise
+        log.info("rematc: %s; using the plan in hand that peaks at %d B", e, kept.report.peak)  # type: ignore[union-attr]
+        return Planned(kept, cached=False)
     if result.plan is not None:
         if root is not None:
             plancache.store(root, digest, result)
@@ -384,6 +518,8 @@ def plan_for(problem: Problem, options: Options) -> Planned:
     timed_out = result.status is Status.UNKNOWN
     limit = f" in its time limit of {options.solver.time_limit:g} s" if timed_out else ""
     fallback = greedy(problem, options.solver)
+    if fallback.plan is None or not check(problem, fallback.plan).fits:
+        fallback = in_hand(problem, any_budget=True) or fallback
     if fallback.plan is not None and check(problem, fallback.plan).fits:
         warnings.warn(
             f"rematc: {who} found no plan within the budget{limit} (status {result.status.value}); "

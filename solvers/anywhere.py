@@ -360,7 +360,7 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
         assert problem.budget is not None
         low = min_feasible_peak(problem, config, copies=m.copies)
         raise InfeasibleBudgetError(problem.budget, low.report.peak if low.report else None,
-                                    proven=low.status is Status.OPTIMAL)
+                                    proven=low.status is Status.OPTIMAL, plan=low.plan)
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {m.cp.validate()}")
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)

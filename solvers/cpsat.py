@@ -576,7 +576,7 @@ def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
     plan = extract_plan(model, solver)
     fits = solver.objective_value <= capacity
     if code == cp_model.OPTIMAL and not fits:
-        raise InfeasibleBudgetError(problem.budget, check(problem, plan).peak, proven=True)
+        raise InfeasibleBudgetError(problem.budget, check(problem, plan).peak, proven=True, plan=plan)
     log.info("seed: the minimum-peak model's %s after %.1f s",
              "first plan within budget" if fits else "least-peak plan found (over budget)",
              time.perf_counter() - t0)
@@ -621,7 +621,7 @@ def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model
         assert problem.budget is not None
         peak = min_feasible_peak(problem, config)
         raise InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
-                                    proven=peak.status is Status.OPTIMAL)
+                                    proven=peak.status is Status.OPTIMAL, plan=peak.plan)
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
     bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)

@@ -64,17 +64,24 @@ class SolveResult:
 
 
 class InfeasibleBudgetError(ValueError):
-    """No plan keeps the step's peak within the budget; says the smallest budget that works."""
+    """No plan keeps the step's peak within the budget; says the smallest budget that works.
 
-    def __init__(self, budget: int, min_feasible: int | None, *, proven: bool = True) -> None:
+    ``plan``, when given, is a plan whose checked peak is ``min_feasible``: the figure is
+    one in hand, so asking for that budget can reuse the plan instead of searching again."""
+
+    def __init__(self, budget: int, min_feasible: int | None, *, proven: bool = True,
+                 plan: Plan | None = None, where: str = "") -> None:
         self.budget = budget
         self.min_feasible = min_feasible
+        self.proven = proven
+        self.plan = plan if min_feasible is not None else None
         if min_feasible is None:
             hint = "no smaller budget could be determined in the time limit"
         else:
             exact = "" if proven else " (best found; the true minimum may be lower)"
             hint = f"the smallest feasible budget is {min_feasible} bytes ({_mib(min_feasible)}){exact}"
-        super().__init__(f"budget {budget} bytes ({_mib(budget)}) cannot be met: {hint}")
+        # ``where``: what the budget was for, when not the whole problem (a graph of a step).
+        super().__init__(f"{where}budget {budget} bytes ({_mib(budget)}) cannot be met: {hint}")
 
 
 def _mib(n: int) -> str:

@@ -20,12 +20,14 @@ import pytest
 import torch
 
 import rematc
+from rematc.partition import forget_plans_in_hand
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
     # The record list keeps the last 64: tests count new records, so start each empty.
     rematc.clear_records()
+    forget_plans_in_hand()  # a plan an earlier test's error stated is not this test's
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -11,6 +11,7 @@ from torch import nn
 
 import rematc
 from rematc.memory import profiler_peak
+from tests.helpers import infeasible_cause
 
 # Measured peak may exceed the budget by at most this fraction (see test_measured_peak).
 PEAK_TOLERANCE = 0.05
@@ -118,3 +119,59 @@ def test_share_left_too_small_names_the_total_that_works() -> None:
     assert isinstance(err, rematc.InfeasibleBudgetError), repr(info.value)
     assert err.budget == 6_000_000
     assert err.min_feasible is not None and err.min_feasible > 6_000_000
+
+    # Each figure stated is one rematc has plans for. The first graph's error can speak
+    # only for itself (the second is compiled when execution reaches it); the second's
+    # speaks for the step, with the first re-planned at the figure: asked for, it works.
+    stated = [err.min_feasible]
+    while True:
+        torch._dynamo.reset()
+        model, x = _model()
+        try:
+            rematc.compile(model, budget=stated[-1], compiler="eager")(x).backward()
+            break
+        except Exception as e:
+            again = infeasible_cause(e)
+            assert again is not None and again.min_feasible is not None, repr(e)
+            assert len(stated) < 2 and again.min_feasible > stated[-1], stated
+            stated.append(again.min_feasible)
+    first, second = rematc.records()[-2:]
+    assert second.held_before == first.holds
+    assert first.holds + second.predicted_peak <= stated[-1]
+
+
+class LossAfterBreak(nn.Module):
+    """transformers' GPT-2 breaks right before its loss: the second graph has nothing to
+    recompute, so it cannot shrink at all."""
+
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        self.a = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.a:
+            h = layer(x)
+            x = torch.tanh(h) * torch.sigmoid(h)
+        torch._dynamo.graph_break()
+        return (x.log_softmax(-1) * x).sum()
+
+
+def test_fraction_a_graph_cannot_reach_runs_at_its_least_with_one_warning() -> None:
+    """A fraction asks to shrink: the loss graph gets its smallest feasible plan and one
+    warning with the numbers; a byte budget stays hard."""
+    torch.manual_seed(0)
+    model, x = LossAfterBreak(), torch.randn(512, 256)
+    model(x).backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rematc.compile(model, budget="70%", compiler="eager")(x).backward()
+    shrink = [str(w.message) for w in caught if issubclass(w.category, rematc.BudgetWarning)]
+    assert len(shrink) == 1 and "70.0%" in shrink[0] and "smallest feasible peak" in shrink[0]
+    first, second = rematc.records()[-2:]
+    assert first.predicted_peak <= first.budget
+    assert second.predicted_peak > int(0.7 * second.unconstrained_peak)
+    assert second.budget == second.predicted_peak
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[n])
