@@ -53,6 +53,8 @@ class Captured:
     forward: frozenset[fx.Node]  # FX nodes the forward computes
     # Values whose recomputation the backward emits once per reader (:func:`per_reader_values`).
     per_reader: frozenset[int] = frozenset()
+    # Values the model's own activation checkpointing recomputes (:func:`checkpointed_values`).
+    checkpointed: frozenset[int] = frozenset()
 
 
 def capture(
@@ -166,7 +168,7 @@ def capture(
         problem = with_inplace_reuse(problem, groups, value_of, costs, unstored, donated=donated,
                                      per_reader=per_reader)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward,
-                    frozenset(per_reader))
+                    frozenset(per_reader), checkpointed_values(problem, groups))
 
 
 def recompute_seconds(group: Sequence[fx.Node], own: Sequence[fx.Node],
@@ -929,6 +931,33 @@ def _recomputable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
         if _mutates(n):
             return False
     return True
+
+
+def checkpointed_values(problem: Problem, groups: Sequence[Sequence[fx.Node]]) -> frozenset[int]:
+    """The candidates the model's own activation checkpointing recomputes.
+
+    ``torch.utils.checkpoint`` (non-reentrant, as ``gradient_checkpointing_enable()`` uses)
+    and selective checkpointing tag the forward nodes of each checkpointed region
+    ``MUST_RECOMPUTE`` or ``PREFER_RECOMPUTE``, numbering regions by ``ac_graph_id``. As in
+    PyTorch's partitioners (``cleanup_recompute_tags``), a region's output that a later
+    region reads is kept: it is the later region's input."""
+    out = set()
+    for v in problem.candidates:
+        head = groups[v][0]
+        if not (problem.nodes[v].recomputable and _tagged_recompute(head)):
+            continue
+        region = head.meta.get("ac_graph_id")
+        if region is not None and any(
+                _tagged_recompute(u) and u.meta.get("ac_graph_id", region) > region
+                for n in groups[v] for u in n.users):
+            continue
+        out.add(v)
+    return frozenset(out)
+
+
+def _tagged_recompute(n: fx.Node) -> bool:
+    return n.meta.get("recompute") in (CheckpointPolicy.MUST_RECOMPUTE,
+                                       CheckpointPolicy.PREFER_RECOMPUTE)
 
 
 def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],

@@ -50,6 +50,7 @@ from rematc.errors import NoPlanError, SolverError
 from rematc.options import Options
 from rematc.reuse import Room, room_of
 from solvers import (
+    Decision,
     InfeasibleBudgetError,
     Plan,
     Problem,
@@ -61,7 +62,7 @@ from solvers import (
     save_all,
     solve,
 )
-from solvers.baselines import free_values, greedy
+from solvers.baselines import free_values, greedy, plan_with
 from solvers.free import floor, least_peak_free, only_free
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,9 @@ class PartitionRecord:
     recomputed: tuple[str, ...]  # FX names of forward nodes recomputed in the backward
     problem: Problem
     plan: Plan
-    solver: str = ""  # what produced the plan: "save_all", "cpsat", "greedy" (fallback)
+    # What produced the plan: "save_all", "cpsat", "greedy" (fallback), "checkpointing"
+    # (no budget: the model's own activation checkpointing, as it is).
+    solver: str = ""
     cached: bool = False  # the plan came from the on-disk plan cache: no solve ran
     graph: tuple[int, int] | None = None  # (Dynamo frame, graph in frame); None outside Dynamo
     held_before: int = 0  # bytes held by earlier graphs of the step, taken off the budget
@@ -102,6 +105,8 @@ class PartitionRecord:
     # not donate (rematc.donation): the measured peak may exceed the prediction by this much.
     # Set when the backward compiles (Inductor only).
     undonated: int = 0
+    checkpointed: int = 0  # values the model's own checkpointing recomputes
+    overrides: tuple[str, ...] = ()  # of those, the ones this plan keeps instead
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -246,11 +251,7 @@ def in_hand(problem: Problem, *, any_budget: bool = False) -> SolveResult | None
     entry = _IN_HAND.get(_unbudgeted_key(problem)) if _IN_HAND else None
     if entry is None or not (any_budget or entry[0] == problem.budget):
         return None
-    report = check(problem, entry[1])
-    if not report.fits:
-        return None
-    return SolveResult(status=Status.FEASIBLE, plan=entry[1], report=report,
-                       objective=report.added_time, bound=0.0, wall_time=0.0, solver="in-hand")
+    return _fitting(problem, entry[1])
 
 
 def forget_plans_in_hand() -> None:
@@ -317,7 +318,8 @@ class RematPartitioner(CustomPartitionerFn):
         whole step, whose plans are kept in hand for when it is asked for."""
         where = "" if graph is None else f"graph {graph[1]} of frame {graph[0]}: "
         budget = self.options.budget
-        assert budget is not None
+        if budget is None:  # the budget of the model's own checkpointing: its plan fits
+            raise e
         if budget.fraction is not None:
             if e.plan is None or e.min_feasible is None:
                 raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven,
@@ -365,16 +367,23 @@ class RematPartitioner(CustomPartitionerFn):
         assert unconstrained is not None
         graph = self.share.graph()
         budget, held = None, 0
+        # The plan of the model's own activation checkpointing, when it has any.
+        own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:
             budget = self.options.budget.resolve(unconstrained.peak)
             if self.options.budget.nbytes is not None:
                 held = self.share.held_before(graph)
-            bounds = bound_dynamic_sizes(joint)
-        else:
-            bounds = ()  # saving everything is right at every shape
+        # Saving everything is right at every shape; a plan under a budget is bounded.
+        bounds = bound_dynamic_sizes(joint) if budget is not None else ()
         problem = captured.problem.with_budget(None if budget is None else max(0, budget - held))
         try:
-            planned = plan_for(problem, self.options)
+            if budget is None and own is not None:
+                # No budget: the model's own checkpointing is honoured as it is.
+                honoured = _fitting(problem, own)
+                assert honoured is not None  # no budget: every plan fits
+                planned = Planned(replace(honoured, solver="checkpointing"), cached=False)
+            else:
+                planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
             planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget)
         result = planned.result
@@ -388,6 +397,12 @@ class RematPartitioner(CustomPartitionerFn):
             self.room = room_of(problem, result.plan, report.timeline,
                                 [[n.name for n in group] for group in captured.groups])
             self.donations = expected_donations(problem, result.plan)
+        checkpointed = own.of(Decision.RECOMPUTE) if own is not None else ()
+        overrides = tuple(problem.nodes[v].name for v in checkpointed
+                          if result.plan.decisions.get(v) in (Decision.SAVE, Decision.OFFLOAD))
+        if overrides:
+            log.info("rematc: the plan keeps %d of the %d values the model's checkpointing "
+                     "recomputes (%s)", len(overrides), len(checkpointed), ", ".join(overrides[:8]))
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:
@@ -402,6 +417,7 @@ class RematPartitioner(CustomPartitionerFn):
             recomputed=emitted.recomputed, problem=problem, plan=result.plan,
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds,
+            checkpointed=len(checkpointed), overrides=overrides,
         )
         _RECORDS.append(record)
         self.record = record
@@ -454,8 +470,9 @@ class Planned(NamedTuple):
     cached: bool  # read from the plan cache
 
 
-def plan_for(problem: Problem, options: Options) -> Planned:
-    """The plan for ``problem``, from the first of:
+def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -> Planned:
+    """The plan for ``problem``, from the first of (``known``: a plan that may fit, such
+    as the model's own checkpointing, taken where a search finds none):
 
     1. the plan cache (``options.cache_dir``), when it holds a plan the checker accepts;
     2. under Inductor, the least peak that recomputing only free values (fused pointwise
@@ -502,7 +519,7 @@ def plan_for(problem: Problem, options: Options) -> Planned:
     except InfeasibleBudgetError as e:
         # A search in its time limit may state a worse least peak than a plan stated
         # before, in hand: that plan fits, so the budget is not infeasible.
-        kept = in_hand(problem, any_budget=True)
+        kept = in_hand(problem, any_budget=True) or _fitting(problem, known)
         if kept is None:
             raise
         log.info("rematc: %s; using the plan in hand that peaks at %d B", e, kept.report.peak)  # type: ignore[union-attr]
@@ -519,7 +536,7 @@ def plan_for(problem: Problem, options: Options) -> Planned:
     limit = f" in its time limit of {options.solver.time_limit:g} s" if timed_out else ""
     fallback = greedy(problem, options.solver)
     if fallback.plan is None or not check(problem, fallback.plan).fits:
-        fallback = in_hand(problem, any_budget=True) or fallback
+        fallback = in_hand(problem, any_budget=True) or _fitting(problem, known) or fallback
     if fallback.plan is not None and check(problem, fallback.plan).fits:
         warnings.warn(
             f"rematc: {who} found no plan within the budget{limit} (status {result.status.value}); "
@@ -535,6 +552,17 @@ def plan_for(problem: Problem, options: Options) -> Planned:
         "and the greedy fallback found none either. "
         + ("Raise the option 'time_limit', or the budget." if timed_out else "Raise the budget."),
     )
+
+
+def _fitting(problem: Problem, plan: Plan | None) -> SolveResult | None:
+    """``plan`` as a result, when it is given and fits ``problem``'s budget."""
+    if plan is None:
+        return None
+    report = check(problem, plan)
+    if not report.fits:
+        return None
+    return SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
+                       objective=report.added_time, bound=0.0, wall_time=0.0, solver="known")
 
 
 def _free_may_fit(problem: Problem) -> bool:
