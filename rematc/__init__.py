@@ -2,23 +2,67 @@
 
 ``torch.compile(model, backend="rematc", options={"budget": "2GiB"})`` or
 ``rematc.compile(model, budget="2GiB")``.
+
+The names below are imported on first use (PEP 562), so that ``import rematc`` and the
+command line do not import torch until something needs it: ``rematc solve problem.json``
+plans a problem file without torch (an import of seconds). Submodules that the package
+imported eagerly before (``rematc.partition``, ``rematc.backend``, ...) are still found
+as attributes.
 """
 
-from rematc.backend import Backend, compile, rematc_backend
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from rematc.devices import PROFILES, DeviceProfile
-from rematc.donation import DonationWarning
 from rematc.errors import NoPlanError, RematcError, SolverError
 from rematc.options import Options
-from rematc.partition import (
-    BudgetWarning,
-    GraphBreakWarning,
-    PartitionRecord,
-    SolverFallbackWarning,
-    clear_records,
-    records,
-)
 from solvers import InfeasibleBudgetError
 from solvers.budget import Budget, parse_budget
+
+if TYPE_CHECKING:
+    from rematc.backend import Backend, compile, rematc_backend
+    from rematc.donation import DonationWarning
+    from rematc.partition import (
+        BudgetWarning,
+        GraphBreakWarning,
+        PartitionRecord,
+        SolverFallbackWarning,
+        clear_records,
+        records,
+    )
+
+# name -> the module that defines it (each imports torch)
+_LAZY = {
+    "Backend": "rematc.backend",
+    "compile": "rematc.backend",
+    "rematc_backend": "rematc.backend",
+    "DonationWarning": "rematc.donation",
+    "BudgetWarning": "rematc.partition",
+    "GraphBreakWarning": "rematc.partition",
+    "PartitionRecord": "rematc.partition",
+    "SolverFallbackWarning": "rematc.partition",
+    "clear_records": "rematc.partition",
+    "records": "rematc.partition",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # binds the submodule here too
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "PROFILES",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -27,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from rematc.errors import NoPlanError
+from rematc.sources import SHAPES_KEY, is_factory
 from solvers import (
     InfeasibleBudgetError,
     Plan,
@@ -38,6 +41,7 @@ from solvers import (
     save_all,
 )
 from solvers.budget import format_bytes, parse_budget
+from solvers.sat import MAX_SEED, MAX_WORKERS
 
 if TYPE_CHECKING:
     from rematc.trace import Traced
@@ -77,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compiler", choices=("inductor", "eager"), default="inductor")
     p.add_argument("--budgets", nargs="+", default=["none", "75%", "55%"],
                    help="budgets to run; 'none' for no limit")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
+    p.add_argument("--steps", type=_ranged(int, low=1), default=5, help="timed steps per configuration")
 
     p = command("export", "write the problem file of a model's training step",
                 "examples:\n  rematc export model.pt2 -o model.json --device h100 --dtype bfloat16\n"
@@ -105,15 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     _model_source(p)
     _planning(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--limit", type=int, default=0, help="show only the N largest values (0: all)")
+    p.add_argument("--limit", type=_ranged(int), default=0, help="show only the N largest values (0: all)")
 
     p = command("plot", "PNGs of the memory timeline and the added-time/budget Pareto curve",
                 "example:\n  rematc plot model.json --budget 40% --out-dir plots/ --points 8")
     _model_source(p)
     _planning(p)
     p.add_argument("--out-dir", default=".", help="folder for <name>-timeline.png and <name>-pareto.png")
-    p.add_argument("--points", type=int, default=8, help="budgets in the Pareto sweep")
-    p.add_argument("--sweep-time-limit", type=float, default=5.0, help="seconds per sweep solve")
+    p.add_argument("--points", type=_ranged(int, low=2), default=8,
+                   help="budgets in the Pareto sweep, its two ends included (at least 2)")
+    p.add_argument("--sweep-time-limit", type=_ranged(float, positive=True), default=5.0,
+                   help="seconds per sweep solve")
     return parser
 
 
@@ -130,10 +136,12 @@ def _planning(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", help="bytes, '512MiB', '2GB', or a fraction '40%%' of the save-all peak "
                                     "(default: the budget in the problem file)")
     p.add_argument("--solver", choices=SOLVERS, default="cpsat")
-    p.add_argument("--time-limit", type=_non_negative(float), default=60.0, help="seconds (CP-SAT)")
-    p.add_argument("--workers", type=_non_negative(int), default=0, help="CP-SAT workers; 0: 8, its full portfolio")
-    p.add_argument("--seed", type=_non_negative(int), default=0, help="CP-SAT random seed")
-    p.add_argument("--stall-time", type=_non_negative(float), default=0.0,
+    p.add_argument("--time-limit", type=_ranged(float, positive=True), default=60.0, help="seconds (CP-SAT)")
+    p.add_argument("--workers", type=_ranged(int, high=MAX_WORKERS), default=0,
+                   help=f"CP-SAT workers, at most {MAX_WORKERS}; 0: 8, its full portfolio")
+    p.add_argument("--seed", type=_ranged(int, high=MAX_SEED), default=0,
+                   help=f"CP-SAT random seed, at most {MAX_SEED} (a 32-bit int)")
+    p.add_argument("--stall-time", type=_ranged(float), default=0.0,
                    help="stop once no better plan has been found for this many seconds (0: never)")
     p.add_argument("--deterministic", action="store_true",
                    help="same plan on every run for a seed and worker count: --time-limit then "
@@ -141,14 +149,26 @@ def _planning(p: argparse.ArgumentParser) -> None:
                         "--stall-time is not used")
 
 
-def _non_negative(kind: type[int] | type[float]) -> Any:
+def _ranged(kind: type[int] | type[float], *, low: int = 0, positive: bool = False,
+            high: int | None = None) -> Any:
+    """An argparse type: a finite ``kind`` >= ``low`` (> 0 when ``positive``), at most ``high``."""
+    if positive:
+        what = f"a positive {kind.__name__}"
+    elif low == 0:
+        what = f"a non-negative {kind.__name__}"
+    else:
+        what = f"an {kind.__name__} >= {low}"
+    if high is not None:
+        what += f" at most {high}"
+
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a non-negative {kind.__name__}, got {text!r}") from None
-        if not (math.isfinite(value) and value >= 0):
-            raise argparse.ArgumentTypeError(f"expected a non-negative {kind.__name__}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        ok = math.isfinite(value) and value >= low and (value > 0 or not positive)
+        if not ok or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
 
     parse.__name__ = kind.__name__
@@ -159,22 +179,26 @@ def _non_negative(kind: type[int] | type[float]) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    # torch is imported only for a model (a .pt2 or a factory) and the demo: a problem
+    # file is planned without it, and a Ctrl-C during its import is one line too.
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
         if args.command == "demo":
-            from rematc.demo import demo
-
             budgets = [None if b.lower() == "none" else b for b in args.budgets]
             for b in budgets:
                 if b is not None:
                     parse_budget(b)
+            from rematc.demo import demo
+
             demo(budgets, compiler=args.compiler, steps=args.steps)
             return EXIT_OK
         run = {"export": _export, "solve": _solve, "explain": _explain, "plot": _plot}[args.command]
         return run(args)
     except InfeasibleBudgetError as e:
         _error(f"infeasible: {e}")
+        return EXIT_NO_PLAN
+    except NoPlanError as e:  # the demo's compile found no plan in its time limit
+        _error(_one_line(e))
         return EXIT_NO_PLAN
     except (UsageError, ValueError, OSError) as e:  # ProblemError, PlanError, TraceError too
         _error(_one_line(e))
@@ -209,8 +233,6 @@ def load_source(args: argparse.Namespace) -> Source:
     spec: str = args.source
     from_model = spec.endswith(".pt2")
     if not from_model and not os.path.exists(spec):
-        from rematc.trace import is_factory
-
         from_model = is_factory(spec)
     if from_model:
         traced = _trace(spec, args)
@@ -222,8 +244,10 @@ def _trace(spec: str, args: argparse.Namespace) -> Traced:
     from rematc.trace import load_factory, load_pt2, trace
 
     if spec.endswith(".pt2"):
+        if os.path.isdir(spec):
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a torch.export.save file", spec)
         if not os.path.isfile(spec):
-            raise FileNotFoundError(2, "No such file", spec)
+            raise FileNotFoundError(errno.ENOENT, "No such file", spec)
         model, inputs = load_pt2(spec)
         name = os.path.basename(spec).removesuffix(".pt2")
     else:
@@ -273,10 +297,17 @@ def with_budget(problem: Problem, args: argparse.Namespace) -> Budgeted:
 # ---- export -------------------------------------------------------------------------
 
 
+def _refuse_overwrite(source: str, out: str | None, flag: str) -> None:
+    """The output must not be the input file: the result would silently replace it."""
+    if out is not None and os.path.exists(source) and os.path.exists(out) and os.path.samefile(source, out):
+        raise UsageError(f"{flag} {out} is the input file; write to another path")
+
+
 def _export(args: argparse.Namespace) -> int:
     from solvers.io import save_problem
 
     spec: str = args.source
+    _refuse_overwrite(spec, args.out, "--out")
     if not (spec.endswith(".pt2") or not os.path.exists(spec)):
         raise UsageError(f"export reads a model: a .pt2 file or module:function, got {spec!r}")
     traced = load_source(args).traced
@@ -335,6 +366,7 @@ def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress:
 
 
 def _solve(args: argparse.Namespace) -> int:
+    _refuse_overwrite(args.source, args.out, "--out")
     source = load_source(args)
     b = with_budget(source.problem, args)
     problem = b.problem
@@ -502,8 +534,6 @@ def to_dot(problem: Problem, plan: Plan | None) -> str:
 
 
 def _shapes(problem: Problem) -> dict[str, str]:
-    from rematc.trace import SHAPES_KEY
-
     raw = problem.meta.get(SHAPES_KEY)
     if raw is None:
         return {}

@@ -17,8 +17,10 @@ from typing import Any
 import torch
 
 import rematc
+from rematc.errors import NoPlanError
 from rematc.memory import profiler_peak
 from rematc.models import GPTConfig, make_gpt
+from solvers import InfeasibleBudgetError
 from solvers.budget import format_bytes
 
 DEMO_CONFIG = GPTConfig(n_layer=2, d_model=128, n_head=4, seq_len=128, vocab=512, dropout=0.1)
@@ -50,7 +52,15 @@ def run_config(label: str, make_compiled: Callable[[torch.nn.Module], Any], *, s
     before = len(rematc.records())
 
     def step() -> torch.Tensor:
-        loss = compiled(*inputs)
+        try:
+            loss = compiled(*inputs)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            # No plan fits the budget: rematc's answer, not a failure of the compile, and
+            # the command line says it in one line (exit status 1).
+            inner = e.inner_exception
+            if isinstance(inner, (InfeasibleBudgetError, NoPlanError)):
+                raise inner from inner.__cause__
+            raise
         loss.backward()
         return loss
 

@@ -13,6 +13,7 @@ from typing import Any
 from rematc.devices import PROFILES, DeviceProfile
 from solvers import SolverConfig
 from solvers.budget import Budget, parse_budget
+from solvers.sat import MAX_SEED, MAX_WORKERS
 
 # Stop within 1% of the step of the best plan, or 10 s after the last better plan: on the
 # benchmark GPT-2 and Llama the bound is still far off when plans stop improving (at 45%
@@ -24,6 +25,11 @@ COMPILERS = ("inductor", "eager")
 # ``cache_dir`` values: "auto" is $REMATC_CACHE_DIR when set, else ~/.cache/rematc;
 # None or "off" turns the plan cache off (see rematc.plancache).
 CACHE_AUTO, CACHE_OFF = "auto", "off"
+# The slowest host link ``host_bandwidth`` may name, bytes/s: far below any real one (PCIe 3
+# x16 moves 12 GB/s), and still enough to exercise offload plans. A link of 1e-300 made the
+# solver's integer copy times overflow (a SolverError asking for a bug report); the problem
+# also checks the copies it holds (solvers.Scale.MAX_COPY_UNITS).
+MIN_HOST_BANDWIDTH = 1e6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,16 +60,19 @@ class Options:
     def __post_init__(self) -> None:
         if self.compiler not in COMPILERS:
             raise ValueError(f"option 'compiler' must be one of {COMPILERS}, got {self.compiler!r}")
-        if isinstance(self.device, str) and self.device.lower() not in PROFILES:
+        device = self.device
+        if not (device is None or isinstance(device, DeviceProfile)
+                or (isinstance(device, str) and device.lower() in PROFILES)):
             raise ValueError(
-                f"option 'device' must be one of {sorted(PROFILES)} or a DeviceProfile, "
-                f"got {self.device!r}"
+                f"option 'device' must be one of {sorted(PROFILES)}, a DeviceProfile or None "
+                f"(guess from the inputs), got {device!r}"
             )
         bw = self.host_bandwidth
         if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
-                               or not math.isfinite(bw) or bw < 0):
+                               or not math.isfinite(bw) or not (bw == 0 or bw >= MIN_HOST_BANDWIDTH)):
             raise ValueError(
-                f"option 'host_bandwidth' must be a number of bytes/s >= 0 or None, got {bw!r}"
+                f"option 'host_bandwidth' must be 0 (no offloading), a number of bytes/s from "
+                f"{MIN_HOST_BANDWIDTH:.0e} (1 MB/s) up, or None (the device's), got {bw!r}"
             )
         if not isinstance(self.verify, bool):
             raise ValueError(f"option 'verify' must be True or False, got {self.verify!r}")
@@ -129,8 +138,8 @@ class Options:
 # What each solver option accepts beyond "non-negative", for the checks and the messages.
 _LIMITS: dict[str, tuple[float, str]] = {  # key: (largest value, note)
     "time_limit": (math.inf, " (seconds, greater than 0)"),
-    "workers": (math.inf, " (0 = 8, CP-SAT's full portfolio)"),
-    "seed": (math.inf, ""),
+    "workers": (MAX_WORKERS, f" at most {MAX_WORKERS} (0 = 8, CP-SAT's full portfolio)"),
+    "seed": (MAX_SEED, f" at most {MAX_SEED} (CP-SAT's seed is a 32-bit int)"),
     "gap": (1.0, " (a relative gap, at most 1: 0.05 stops within 5% of the bound)"),
     "step_gap": (1.0, " (a fraction of the step's time, at most 1: 0.01 stops within 1% of it)"),
     "stall_time": (math.inf, " (seconds without a better plan; 0 = never)"),

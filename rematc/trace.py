@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -104,11 +105,13 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
     spy = _Capture(device, target, name)
     torch._dynamo.reset()
     try:
-        with _backend(spy, target) as backend:
+        # A shape error is logged with its traceback by the fake-tensor run, then raised
+        # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
+        with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"):
             torch.compile(model, backend=backend, fullgraph=False)(*inputs)
     except Exception as e:
         if spy.traced is None:
-            raise TraceError(f"tracing {name} failed: {type(e).__name__}: {_first_line(e)}") from e
+            raise TraceError(f"tracing {name} failed: {_describe_error(e)}") from e
     finally:
         torch._dynamo.reset()
     if spy.traced is None:
@@ -189,12 +192,16 @@ class _Loss(nn.Module):
 
 def load_pt2(path: str) -> tuple[nn.Module, tuple[Any, ...]]:
     """The module of a ``torch.export.save`` file, as a loss, with its example inputs."""
-    try:
-        program = torch.export.load(path)
-    except OSError:
-        raise
-    except Exception as e:
-        raise TraceError(f"{path}: not a torch.export program: {type(e).__name__}: {_first_line(e)}") from e
+    # torch.export.load logs the archive reader's error with its traceback, then raises
+    # its own ("check the warnings above"): the reader's error is the one to report.
+    with _tracebacks_held("torch.export") as held:
+        try:
+            program = torch.export.load(path)
+        except OSError:
+            raise
+        except Exception as e:
+            logged = held[0] if held and "warnings above" in str(e) else e
+            raise TraceError(f"{path}: not a torch.export program: {_describe_error(logged)}") from e
     stored = getattr(program, "example_inputs", None)
     if stored is not None:
         args, kwargs = stored
@@ -239,3 +246,34 @@ def _describe(node: fx.Node) -> str:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def _describe_error(e: BaseException) -> str:
+    """``Type: first line``, and the same of the innermost exception in its chain when that
+    is another (Dynamo's "RuntimeError when making fake tensor call" hides the shape error)."""
+    text = f"{type(e).__name__}: {_first_line(e)}"
+    root, seen = e, {id(e)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        root = nxt
+        seen.add(id(root))
+    return text if root is e else f"{text} (caused by {type(root).__name__}: {_first_line(root)})"
+
+
+@contextlib.contextmanager
+def _tracebacks_held(logger: str) -> Iterator[list[BaseException]]:
+    """Hold back the records ``logger`` logs with a traceback while the block runs, and
+    yield their exceptions: the caller raises one error that says it in one line."""
+    held: list[BaseException] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            held.append(record.exc_info[1])
+            return False
+        return True
+
+    log = logging.getLogger(logger)
+    log.addFilter(hold)
+    try:
+        yield held
+    finally:
+        log.removeFilter(hold)

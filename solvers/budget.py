@@ -18,6 +18,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from solvers.problem import MAX_BYTES, MAX_BYTES_TEXT
+
 ACCEPTED = (
     "an int of bytes (2000000000), a size string ('512MiB', '2GB', '1.5GiB'), "
     "or a fraction of the unconstrained activation memory (0.4 or '40%')"
@@ -61,7 +63,7 @@ def parse_budget(value: object) -> Budget:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"budget {value!r} is negative; expected {ACCEPTED}")
-        return Budget(nbytes=value)
+        return _bytes(value, value)
     if isinstance(value, float):
         return _fraction(value, value)
     if isinstance(value, str):
@@ -74,15 +76,23 @@ def parse_budget(value: object) -> Budget:
                     f"budget {value!r} has unknown unit {m.group(2)!r} "
                     f"(use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB); expected {ACCEPTED}"
                 )
-            return Budget(nbytes=math.floor(float(m.group(1)) * unit))
+            return _bytes(float(m.group(1)) * unit, value)
         stripped = value.strip()
         if stripped.isdigit():
-            return Budget(nbytes=int(stripped))
+            return _bytes(int(stripped), value)
         try:
             return _fraction(float(stripped), value)
         except ValueError:
             pass
     raise ValueError(f"budget {value!r} is not understood; expected {ACCEPTED}")
+
+
+def _bytes(n: float, original: object) -> Budget:
+    """Whole bytes, at most :data:`~solvers.problem.MAX_BYTES` (``1e400B`` parses as inf)."""
+    if not n <= MAX_BYTES:
+        raise ValueError(f"budget {original!r} is over {MAX_BYTES_TEXT}: no device holds that much; "
+                         f"expected {ACCEPTED}")
+    return Budget(nbytes=math.floor(n))
 
 
 def _fraction(f: float, original: object) -> Budget:

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 
 import networkx as nx
 
-from solvers.problem import Node, Problem, ProblemError
+from solvers.problem import MAX_BYTES, MAX_BYTES_TEXT, Node, Problem, ProblemError
 
 
 def is_node_link(data: object) -> bool:
@@ -105,6 +105,7 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
     graph = nx.DiGraph()
     key_of: dict[object, int] = {}
     parsed: list[Node] = []
+    total = 0
     for i, raw in enumerate(nodes):
         where = f"nodes[{i}]"
         if not isinstance(raw, dict):
@@ -123,6 +124,13 @@ def problem_from_node_link(data: object, *, name: str = "") -> Problem:
         size = raw.get(size_key)
         if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
             raise ProblemError(f"{where}.{size_key}: expected a non-negative int of bytes, got {_show(size)}")
+        total += size
+        if size > MAX_BYTES:
+            raise ProblemError(f"{where}.{size_key}: {size} bytes is over {MAX_BYTES_TEXT}: no device "
+                               "holds that much")
+        if total > MAX_BYTES:
+            raise ProblemError(f"{where}.{size_key}: the sizes of nodes[0] to nodes[{i}] add up to {total} "
+                               f"bytes, over {MAX_BYTES_TEXT}: no device holds that much")
         cost = _amount(raw, time_key, where)
         key_of[key] = i
         graph.add_node(i)

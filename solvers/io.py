@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import TypeGuard, TypeVar
 
 from solvers.plan import Plan, PlanError
-from solvers.problem import Node, Problem, ProblemError
+from solvers.problem import MAX_BYTES, MAX_BYTES_TEXT, Node, Problem, ProblemError
 
 PROBLEM_FORMAT = "rematc.problem"
 PLAN_FORMAT = "rematc.plan"
@@ -104,9 +104,17 @@ def problem_from_json(data: object) -> Problem:
     if not isinstance(raw_nodes, list):
         raise ProblemError(f"nodes: expected a list of node objects, got {_show(raw_nodes)}")
     nodes = tuple(_node_from_json(raw, i, len(raw_nodes)) for i, raw in enumerate(raw_nodes))
+    total = 0
+    for i, n in enumerate(nodes):
+        total += n.size
+        if total > MAX_BYTES:
+            raise ProblemError(f"nodes[{i}].size: the sizes of nodes[0] to nodes[{i}] add up to {total} "
+                               f"bytes, over {MAX_BYTES_TEXT}: no device holds that much")
     budget = doc.get("budget")
     if budget is not None and not (_is_int(budget) and budget >= 0):
         raise ProblemError(f"budget: expected a non-negative int of bytes or null, got {_show(budget)}")
+    if budget is not None and budget > MAX_BYTES:
+        raise ProblemError(f"budget: {budget} bytes is over {MAX_BYTES_TEXT}: no device holds that much")
     meta: dict[str, str] = {}
     for k, v in _object(doc.get("meta", {}), "meta", ProblemError).items():
         if not isinstance(v, str):
@@ -150,6 +158,8 @@ def _node_from_json(raw: object, i: int, count: int) -> Node:
     size = obj.get("size", 0)
     if not (_is_int(size) and size >= 0):
         raise ProblemError(f"{where}.size: expected a non-negative int of bytes, got {_show(size)}")
+    if size > MAX_BYTES:
+        raise ProblemError(f"{where}.size: {size} bytes is over {MAX_BYTES_TEXT}: no device holds that much")
     return Node(
         name=name,
         op=_typed(obj, "op", where, str, "a string", ""),

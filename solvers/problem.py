@@ -43,6 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+# The most bytes a problem may hold, all its values together, and the largest budget:
+# 2**53 (8 PiB), far beyond any device's memory. Byte counts stay exact as floats
+# (fractions, reports), and the CP-SAT models' sums of sizes stay far inside its 64-bit
+# integers (a value of 2**62 bytes overflowed them).
+MAX_BYTES = 2**53
+MAX_BYTES_TEXT = "2**53 bytes (8 PiB)"
+
 
 class ProblemError(ValueError):
     """A problem that is not well formed; the message names the node and the mistake."""
@@ -93,6 +100,11 @@ class Scale:
     seconds_per_unit: float
 
     TIME_RESOLUTION = 1_000_000
+    # The most time units one copy of every value that may be offloaded may add up to:
+    # the objective multiplies time by its tie-break (up to twice the number of values)
+    # and offers each copy beside up to 6 steps each way, so at 2**40 a problem of 10**5
+    # values stays inside CP-SAT's 64-bit integers (200 values overflowed them near 2**50).
+    MAX_COPY_UNITS = 2**40
 
     def mem(self, nbytes: int) -> int:
         """Bytes to memory units, rounded up (sizes are exact multiples by construction)."""
@@ -285,6 +297,7 @@ def _validate(p: Problem) -> None:
     # never a TypeError from comparing it.
     seen: set[str] = set()
     in_backward = False
+    total = 0
     for i, n in enumerate(p.nodes):
         if not isinstance(n, Node):
             raise ProblemError(f"node #{i} is a {type(n).__name__}, not a solvers.Node")
@@ -296,6 +309,12 @@ def _validate(p: Problem) -> None:
         seen.add(n.name)
         if not _is_int(n.size) or n.size < 0:
             raise ProblemError(f"{where}: size must be a non-negative int of bytes, got {n.size!r}")
+        total += n.size
+        if n.size > MAX_BYTES:
+            raise ProblemError(f"{where}: size {n.size} is over {MAX_BYTES_TEXT}: no device holds that much")
+        if total > MAX_BYTES:
+            raise ProblemError(f"{where}: the sizes of values #0 to #{i} add up to {total} bytes, over "
+                               f"{MAX_BYTES_TEXT}: no device holds that much")
         for field_, unit in (("time", "seconds"), ("flops", "FLOPs")):
             x = getattr(n, field_)
             if not _is_real(x) or not (math.isfinite(x) and x >= 0):
@@ -334,9 +353,32 @@ def _validate(p: Problem) -> None:
                                    f"reader that is not fused itself, it has {len(readers)}")
     if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
         raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
+    if p.budget is not None and p.budget > MAX_BYTES:
+        raise ProblemError(f"budget {p.budget} is over {MAX_BYTES_TEXT}: no device holds that much")
     bw = p.host_bandwidth
     if not _is_real(bw) or not (math.isfinite(bw) and bw >= 0):
         raise ProblemError(f"host_bandwidth must be >= 0 bytes/s, got {bw!r}")
+    _check_copy_time(p)
+
+
+def _check_copy_time(p: Problem) -> None:
+    """The copies a plan may make must fit the solvers' integer time scale
+    (:attr:`Scale.MAX_COPY_UNITS`); a host link slow enough to break it is a mistake."""
+    bw = p.host_bandwidth
+    if bw <= 0 or p.single_phase:
+        return
+    nbytes = sum(p.nodes[i].size for i in p.candidates if p.nodes[i].offloadable)
+    seconds = nbytes / bw
+    unit = p.scale.seconds_per_unit
+    limit = Scale.MAX_COPY_UNITS * unit
+    if seconds > limit:
+        raise ProblemError(
+            f"host_bandwidth {bw!r} bytes/s is too slow for this problem: one copy of each "
+            f"value that may be offloaded ({nbytes} bytes) takes {seconds:.3g} s, over the "
+            f"{limit:.3g} s (2**40 of the solvers' time units, {unit:.3g} s each) that their "
+            "64-bit arithmetic is sized for; raise host_bandwidth, or set it to 0 to plan "
+            "without offloading"
+        )
 
 
 def _is_int(x: object) -> bool:

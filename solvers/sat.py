@@ -17,6 +17,10 @@ from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
 
 PORTFOLIO_WORKERS = 8  # CP-SAT search workers when the config says 0
+# The most workers a config may ask for: more than the cores of any one machine, which
+# extra workers would only share (CP-SAT itself rejects its model above 10000).
+MAX_WORKERS = 1024
+MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 
 
 def make_solver(config: SolverConfig) -> cp_model.CpSolver:

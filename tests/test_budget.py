@@ -20,6 +20,8 @@ from solvers.budget import Budget, format_bytes, parse_budget
         ("4096B", 4096),
         ("2gib", 2 * 2**30),
         ("1024", 1024),
+        (2**53, 2**53),  # the largest budget: 8 PiB
+        ("8192 TiB", 2**53),
     ],
 )
 def test_sizes(text: object, nbytes: int) -> None:
@@ -35,7 +37,9 @@ def test_fractions(text: object, fraction: float) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "12 parsecs", "-5", "-1GiB", 1.5, 0.0, -0.1, "0%", "150%",
-                                 True, -1, "GiB", None, [1], float("nan")])
+                                 True, -1, "GiB", None, [1], float("nan"),
+                                 # over 2**53 bytes: an OverflowError, or a CP-SAT model that overflowed
+                                 "1e400B", "1e400 GiB", 2**63, str(2**63), 2**53 + 1, "8193TiB"])
 def test_malformed(bad: object) -> None:
     with pytest.raises(ValueError, match="expected an int of bytes") as info:
         parse_budget(bad)
@@ -70,8 +74,37 @@ def test_options_from_mapping() -> None:
         ({"verify": "yes"}, "'verify' must be True or False"),
         ({"deterministic": 1}, "'deterministic' must be True or False"),
         ({"budget": "lots"}, "budget 'lots' is not understood"),
+        # beyond what the solvers take: an AttributeError, an OverflowError or a SolverError before
+        ({"device": 3}, r"'device' must be one of \['a100', 'cpu', 'h100', 'h200', 'l4'\], a DeviceProfile or None .* got 3"),
+        ({"budget": "1e400B"}, r"budget '1e400B' is over 2\*\*53 bytes \(8 PiB\)"),
+        ({"workers": 10**6}, r"'workers' must be a non-negative int at most 1024 \(0 = 8"),
+        ({"seed": 10**20}, r"'seed' must be a non-negative int at most 2147483647 \(CP-SAT's seed is a 32-bit int\)"),
+        ({"seed": 2**31}, r"'seed' must be a non-negative int at most 2147483647"),
+        ({"host_bandwidth": 1e-300}, r"'host_bandwidth' must be 0 \(no offloading\), a number of bytes/s from 1e\+06"),
+        ({"host_bandwidth": 999_999.0}, r"'host_bandwidth' must be 0 \(no offloading\)"),
     ],
 )
 def test_bad_options(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Options.from_mapping(options)
+
+
+def test_option_limits_are_accepted() -> None:
+    opts = Options.from_mapping({"workers": 1024, "seed": 2**31 - 1, "host_bandwidth": 1e6, "budget": 2**53})
+    assert (opts.solver.workers, opts.solver.seed, opts.host_bandwidth) == (1024, 2**31 - 1, 1e6)
+    assert Options.from_mapping({"host_bandwidth": 0}).host_bandwidth == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [({"device": 3}, "'device'"), ({"budget": "1e400B"}, "budget '1e400B'"), ({"workers": 10**6}, "'workers'"),
+     ({"seed": 10**20}, "'seed'"), ({"host_bandwidth": 1e-300}, "'host_bandwidth'")],
+)
+def test_compile_rejects_bad_options_at_once(options: dict[str, object], key: str) -> None:
+    """Before, these raised at the first call, if at all (a SolverError asking to report a bug)."""
+    import torch
+
+    import rematc
+
+    with pytest.raises(ValueError, match=key):
+        rematc.compile(torch.nn.Linear(2, 2), **{"budget": 0.5, "compiler": "eager", **options})

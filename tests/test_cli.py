@@ -5,6 +5,7 @@ content, dumps, Ctrl-C, and every kind of bad input (one line, exit status 2).""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -436,6 +437,12 @@ BAD_FILES: dict[str, object] = {
     "graph with unknown node reference": _node_link([{"source": 0, "target": 9}]),
     "graph with negative size": {**_node_link([]), "nodes": [{"id": 0, "name": "a", "backward": False,
                                                               "cost_cpu": 1, "cost_ram": -1}]},
+    # beyond the solvers' 64-bit integers: CP-SAT rejected the model, a traceback
+    "problem with a size near 2**63": _problem_doc(size=2**63 - 1),
+    "problem with a budget of 2**63": {**_problem_doc(), "budget": 2**63},
+    "problem with a tiny host bandwidth": {**_problem_doc(), "host_bandwidth": 1e-300},
+    "graph with a size of 2**63": {**_node_link([]), "nodes": [{"id": 0, "name": "a", "backward": False,
+                                                                "cost_cpu": 1, "cost_ram": 2**63}]},
 }
 
 
@@ -451,7 +458,11 @@ def test_bad_file(case: str, command: str, tmp_path: Path, capsys: pytest.Captur
 def test_bad_messages_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expected = {"graph with a cycle": "cycle", "graph with unknown node reference": "not the id",
                 "problem with negative size": "size", "problem with unknown node reference": "does not exist",
-                "not JSON": "not JSON", "graph with negative size": "cost_ram"}
+                "not JSON": "not JSON", "graph with negative size": "cost_ram",
+                "problem with a size near 2**63": "nodes[1].size: 9223372036854775807 bytes is over 2**53",
+                "problem with a budget of 2**63": "budget: 9223372036854775808 bytes is over 2**53",
+                "problem with a tiny host bandwidth": "host_bandwidth 1e-300 bytes/s is too slow",
+                "graph with a size of 2**63": "nodes[0].cost_ram: 9223372036854775808 bytes is over 2**53"}
     for case, words in expected.items():
         path = _write(tmp_path, "bad.json", BAD_FILES[case])
         _, _, err = run(capsys, "solve", path, "--budget", "1MiB")
@@ -477,8 +488,25 @@ def test_random_layered_graphs_solve_with_recomputation_anywhere(capsys: pytest.
         (["solve", "{good}", "--budget", "12 parsecs"], "unknown unit"),
         (["solve", "{good}"], "no budget"),
         (["solve", "{good}", "--budget", "1MiB", "--solver", "magic"], "invalid choice"),
-        (["solve", "{good}", "--budget", "1MiB", "--time-limit", "-1"], "non-negative"),
+        (["solve", "{good}", "--budget", "1MiB", "--time-limit", "-1"], "positive float"),
         (["explain", "{good}", "--budget", "1MiB", "--workers", "two"], "non-negative"),
+        # numbers beyond what the solvers take: a traceback (exit 1) before
+        (["solve", "{good}", "--budget", "1e400B"], "'1e400B' is over 2**53 bytes"),
+        (["solve", "{good}", "--budget", "1e400 GiB"], "'1e400 GiB' is over 2**53 bytes"),
+        (["solve", "{good}", "--budget", str(2**63)], f"'{2**63}' is over 2**53 bytes"),
+        (["solve", "{good}", "--budget", "1MiB", "--workers", "1000000"], "--workers: expected a non-negative int at most 1024"),
+        (["solve", "{good}", "--budget", "1MiB", "--seed", str(10**20)], "--seed: expected a non-negative int at most 2147483647"),
+        # accepted silently before
+        (["solve", "{good}", "--budget", "1MiB", "--time-limit", "0"], "--time-limit: expected a positive float, got '0'"),
+        (["explain", "{good}", "--budget", "1MiB", "--limit", "-1"], "--limit: expected a non-negative int, got '-1'"),
+        (["plot", "{good}", "--budget", "1MiB", "--points", "0"], "--points: expected an int >= 2, got '0'"),
+        (["plot", "{good}", "--budget", "1MiB", "--points", "1"], "--points: expected an int >= 2, got '1'"),
+        (["plot", "{good}", "--budget", "1MiB", "--sweep-time-limit", "-1"], "--sweep-time-limit: expected a positive float"),
+        (["solve", "{good}", "--budget", "1MiB", "--out", "{good}"], "is the input file"),
+        (["export", "{junk_pt2}", "-o", "{junk_pt2}"], "is the input file"),
+        (["solve", "{dir_pt2}", "--budget", "1MiB"], "dir.pt2: is a directory"),
+        (["export", "tests.cli_factory:mismatched", "-o", "{out}", "--target", "eager"],
+         "(caused by RuntimeError: a and b must have same reduction dim"),
         (["plot", "{good}", "--budget", "1MiB", "--device", "tpu"], "invalid choice"),
         (["export", "{good}", "-o", "{out}"], "reads a model"),
         (["export", "no_such_module_xyz:make", "-o", "{out}"], "cannot import"),
@@ -494,11 +522,112 @@ def test_bad_arguments(argv: list[str], words: str, tmp_path: Path, capsys: pyte
     save_problem(hard_problem(3), good)
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"\x00garbage" * 10)
+    (tmp_path / "dir.pt2").mkdir()
     paths = {"missing": tmp_path / "missing.json", "dir": tmp_path, "good": good, "out": tmp_path / "o.json",
-             "missing_pt2": tmp_path / "missing.pt2", "junk_pt2": junk}
+             "missing_pt2": tmp_path / "missing.pt2", "junk_pt2": junk, "dir_pt2": tmp_path / "dir.pt2"}
+    before = {p: p.read_bytes() for p in (good, junk)}
     rc, _, err = run(capsys, *[a.format(**paths) for a in argv])
     assert_one_line_error(rc, err)
     assert words in err, err
+    assert {p: p.read_bytes() for p in (good, junk)} == before  # the input is never written over
+
+
+def _rematc(*argv: object, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    """``rematc ARGV`` in a fresh interpreter (what torch logs, and what it imports, show)."""
+    script = prelude + "\nimport sys\nfrom rematc.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    # conftest's TORCHINDUCTOR_FORCE_DISABLE_CACHES makes Dynamo warn (ignored in pytest too)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore:dynamo_pgo force disabled:UserWarning"}
+    return subprocess.run([sys.executable, "-c", script, *map(str, argv)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1], env=env)
+
+
+def _not_a_program(tmp_path: Path) -> Path:
+    import zipfile
+
+    path = tmp_path / "notes.pt2"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("notes/readme.txt", "a zip archive, but no exported program")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["solve", "{junk_pt2}", "--budget", "1MiB"], "junk.pt2: not a torch.export program: BadZipFile"),
+        (["solve", "{zip_pt2}", "--budget", "1MiB"], 'notes.pt2: not a torch.export program: RuntimeError: Expected hasRecord("version")'),
+        (["export", "tests.cli_factory:mismatched", "-o", "{out}", "--target", "eager"],
+         "tracing mismatched failed: TorchRuntimeError: RuntimeError when making fake tensor call "
+         "(caused by RuntimeError: a and b must have same reduction dim, but got [2, 4] X [5, 1].)"),
+    ],
+    ids=["junk pt2", "zip without a program", "factory with a shape error"],
+)
+def test_model_errors_are_one_line_without_torch_logs(argv: list[str], words: str, tmp_path: Path) -> None:
+    """torch logged a traceback (torch.export.load, the fake-tensor run) before the one line."""
+    junk = tmp_path / "junk.pt2"
+    junk.write_bytes(b"\x00garbage" * 10)
+    paths = {"junk_pt2": junk, "zip_pt2": _not_a_program(tmp_path), "out": tmp_path / "o.json"}
+    proc = _rematc(*[a.format(**paths) for a in argv])
+    assert_one_line_error(proc.returncode, proc.stderr)
+    assert words in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["solve", "explain"])
+def test_problem_file_commands_do_not_import_torch(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    save_problem(hard_problem(3), path)
+    prelude = "import atexit, sys\natexit.register(lambda: print('torch' in sys.modules, file=sys.stderr))"
+    proc = _rematc(command, path, "--budget", "100%", "--json", "--workers", "1", prelude=prelude)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "False"
+
+
+CTRL_C_ON_TORCH_IMPORT = """
+import sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+"""
+
+
+def test_ctrl_c_during_the_torch_import_is_one_line(model_files: tuple[Path, Path]) -> None:
+    pt2, _ = model_files
+    proc = _rematc("solve", pt2, "--budget", "80%", prelude=CTRL_C_ON_TORCH_IMPORT)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == ["rematc: error: interrupted"]
+
+
+def test_ctrl_c_anywhere_in_main_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import rematc.cli
+
+    monkeypatch.setattr(rematc.cli, "build_parser", ctrl_c)
+    try:
+        rc, _, err = run(capsys, "solve", "p.json", "--budget", "1MiB")
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped main")  # it would end the test session too
+    assert rc == 130 and err.strip().splitlines() == ["rematc: error: interrupted"]
+
+
+def test_demo_infeasible_budget_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An 82-line traceback before: the budget arrived wrapped in Dynamo's BackendCompilerFailed."""
+    import functools
+
+    import rematc.demo
+    from rematc.models import GPTConfig
+
+    small = functools.partial(rematc.demo.demo, config=GPTConfig.tiny(), batch=2, print_fn=lambda _: None)
+    monkeypatch.setattr(rematc.demo, "demo", small)
+    rc, _, err = run(capsys, "demo", "--budgets", "1KiB", "--compiler", "eager", "--steps", "1")
+    assert rc == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rematc: error: infeasible: "), err
+    assert "budget 1024 bytes (0.00 MiB) cannot be met: the smallest feasible budget is" in err
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

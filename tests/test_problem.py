@@ -144,6 +144,13 @@ INVALID: list[tuple[str, object, str]] = [
     ("negative bandwidth", lambda: P(node("a"), host_bandwidth=-1.0), r"host_bandwidth must be >= 0 bytes/s, got -1.0"),
     ("infinite bandwidth", lambda: P(node("a"), host_bandwidth=float("inf")), r"host_bandwidth must be >= 0 bytes/s, got inf"),
     ("bandwidth not a number", lambda: P(node("a"), host_bandwidth="fast"), r"host_bandwidth must be >= 0 bytes/s, got 'fast'"),  # type: ignore[arg-type]
+    # Beyond what the solvers' 64-bit integers hold (CP-SAT rejected the model, or raised).
+    ("size near 2**63", lambda: P(node("a", size=2**63 - 1)), r"node #0 'a': size 9223372036854775807 is over 2\*\*53 bytes \(8 PiB\)"),
+    ("sizes add up over 2**53", lambda: P(node("a", size=2**52), node("b", 0, size=2**52 + 1)),
+     r"node #1 'b': the sizes of values #0 to #1 add up to 9007199254740993 bytes, over 2\*\*53 bytes"),
+    ("budget over 2**53", lambda: P(node("a"), budget=2**63), r"budget 9223372036854775808 is over 2\*\*53 bytes \(8 PiB\)"),
+    ("bandwidth too slow", lambda: P(*chain_problem([8], [1.0]).nodes, host_bandwidth=1e-300),
+     r"host_bandwidth 1e-300 bytes/s is too slow for this problem: .* set it to 0 to plan without offloading"),
 ]
 
 
