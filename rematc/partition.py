@@ -59,6 +59,7 @@ from solvers import (
     SolveResult,
     Status,
     check,
+    min_feasible_peak,
     save_all,
     solve,
 )
@@ -386,6 +387,21 @@ class RematPartitioner(CustomPartitionerFn):
                 planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
             planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget)
+        except NoPlanError:
+            if self.options.budget is None or self.options.budget.fraction is None:
+                raise
+            # A fraction asks to shrink: where the search found no plan in its time, the
+            # least peak it can find stands in (within the fraction, or with the warning).
+            low = _searching(min_feasible_peak, captured.problem, self.options)
+            if low.plan is None or low.report is None:
+                raise
+            if problem.budget is not None and low.report.peak <= problem.budget:
+                planned = Planned(low, cached=False)
+            else:
+                stated = InfeasibleBudgetError(problem.budget or 0, low.report.peak,
+                                               proven=low.status is Status.OPTIMAL, plan=low.plan)
+                planned, problem = self.least(captured.problem, stated, graph=graph, held=held,
+                                              asked=budget)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
