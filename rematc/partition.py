@@ -252,7 +252,7 @@ def in_hand(problem: Problem, *, any_budget: bool = False) -> SolveResult | None
     entry = _IN_HAND.get(_unbudgeted_key(problem)) if _IN_HAND else None
     if entry is None or not (any_budget or entry[0] == problem.budget):
         return None
-    return _fitting(problem, entry[1])
+    return _fitting(problem, entry[1], "in-hand")
 
 
 def forget_plans_in_hand() -> None:
@@ -380,28 +380,13 @@ class RematPartitioner(CustomPartitionerFn):
         try:
             if budget is None and own is not None:
                 # No budget: the model's own checkpointing is honoured as it is.
-                honoured = _fitting(problem, own)
+                honoured = _fitting(problem, own, "checkpointing")
                 assert honoured is not None  # no budget: every plan fits
-                planned = Planned(replace(honoured, solver="checkpointing"), cached=False)
+                planned = Planned(honoured, cached=False)
             else:
                 planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
             planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget)
-        except NoPlanError:
-            if self.options.budget is None or self.options.budget.fraction is None:
-                raise
-            # A fraction asks to shrink: where the search found no plan in its time, the
-            # least peak it can find stands in (within the fraction, or with the warning).
-            low = _searching(min_feasible_peak, captured.problem, self.options)
-            if low.plan is None or low.report is None:
-                raise
-            if problem.budget is not None and low.report.peak <= problem.budget:
-                planned = Planned(low, cached=False)
-            else:
-                stated = InfeasibleBudgetError(problem.budget or 0, low.report.peak,
-                                               proven=low.status is Status.OPTIMAL, plan=low.plan)
-                planned, problem = self.least(captured.problem, stated, graph=graph, held=held,
-                                              asked=budget)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
@@ -535,7 +520,7 @@ def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -
     except InfeasibleBudgetError as e:
         # A search in its time limit may state a worse least peak than a plan stated
         # before, in hand: that plan fits, so the budget is not infeasible.
-        kept = in_hand(problem, any_budget=True) or _fitting(problem, known)
+        kept = in_hand(problem, any_budget=True) or _fitting(problem, known, "checkpointing")
         if kept is None:
             raise
         log.info("rematc: %s; using the plan in hand that peaks at %d B", e, kept.report.peak)  # type: ignore[union-attr]
@@ -550,13 +535,21 @@ def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -
     # (the benchmark's knapsack: status infeasible) will not.
     timed_out = result.status is Status.UNKNOWN
     limit = f" in its time limit of {options.solver.time_limit:g} s" if timed_out else ""
-    fallback = greedy(problem, options.solver)
-    if fallback.plan is None or not check(problem, fallback.plan).fits:
-        fallback = in_hand(problem, any_budget=True) or _fitting(problem, known) or fallback
-    if fallback.plan is not None and check(problem, fallback.plan).fits:
+    fallback = _fitting(problem, greedy(problem, options.solver).plan, "greedy")
+    fallback = fallback or in_hand(problem, any_budget=True) or _fitting(problem, known, "checkpointing")
+    if fallback is None and timed_out:
+        # The minimum-peak search finds a plan where the time objective gives CP-SAT no
+        # lead; above the budget, its peak is the smallest budget found (not proven).
+        low = _searching(min_feasible_peak, problem.with_budget(None), options)
+        if low.plan is not None and low.report is not None:
+            fallback = _fitting(problem, low.plan, low.solver)
+            if fallback is None:
+                raise InfeasibleBudgetError(problem.budget or 0, low.report.peak,
+                                            proven=low.status is Status.OPTIMAL, plan=low.plan)
+    if fallback is not None:
         warnings.warn(
             f"rematc: {who} found no plan within the budget{limit} (status {result.status.value}); "
-            "using the greedy plan, which fits the budget but may recompute more."
+            f"using the {fallback.solver} plan, which fits the budget but may recompute more."
             + (" Raise the option 'time_limit' for a better plan." if timed_out else ""),
             SolverFallbackWarning,
             stacklevel=2,
@@ -565,20 +558,20 @@ def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -
     raise NoPlanError(
         "solve",
         f"{who} found no plan within the budget of {problem.budget} B{limit} (status {result.status.value}), "
-        "and the greedy fallback found none either. "
+        "and neither did the greedy fallback nor the minimum-peak search. "
         + ("Raise the option 'time_limit', or the budget." if timed_out else "Raise the budget."),
     )
 
 
-def _fitting(problem: Problem, plan: Plan | None) -> SolveResult | None:
-    """``plan`` as a result, when it is given and fits ``problem``'s budget."""
+def _fitting(problem: Problem, plan: Plan | None, solver: str) -> SolveResult | None:
+    """``plan`` (made by ``solver``) as a result, when it is given and fits the budget."""
     if plan is None:
         return None
     report = check(problem, plan)
     if not report.fits:
         return None
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
-                       objective=report.added_time, bound=0.0, wall_time=0.0, solver="known")
+                       objective=report.added_time, bound=0.0, wall_time=0.0, solver=solver)
 
 
 def _free_may_fit(problem: Problem) -> bool:
