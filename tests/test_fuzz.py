@@ -1,0 +1,117 @@
+"""The fuzzer's fast slice (``bench/fuzz.py`` runs the long one): random small models on
+the eager route, compiled at random budgets, against eager. Hypothesis draws the cases,
+so a failing one shrinks to a small model; the two explicit examples are the regressions
+of abf260e (an input updated in place, a gradient passed through unchanged)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from bench.fuzz import (
+    KINDS,
+    Ask,
+    Case,
+    Op,
+    build,
+    describe,
+    differences,
+    forward_source,
+    report,
+    run_case,
+    run_step,
+)
+
+# Cases of the CI slice: each compiles two to five times (a few seconds on a small CPU).
+FAST_EXAMPLES = 8
+# Models that eager must run: no compile, milliseconds each.
+EAGER_EXAMPLES = 60
+
+
+@st.composite
+def cases(draw: Any, *, max_ops: int = 6) -> Case:
+    return describe(lambda lo, hi: draw(st.integers(lo, hi)), max_ops=max_ops)
+
+
+def case(*ops: Op, asks: tuple[Ask, ...] = (), passthrough: int = -1) -> Case:
+    return Case(seed=0, batch=32, width=64, ops=ops, second_input=False, x_grad=False,
+                passthrough=passthrough, outputs=(), int_output=False, asks=asks,
+                compiler="eager")
+
+
+# x.mul_(0.5), then linear and sigmoid layers: a recomputation must not read the updated x.
+INPUT_SCALED = case(Op("inplace", 0, 0, 0), Op("linear", 1, 0, 0), Op("pointwise", 2, 0, 1),
+                    Op("linear", 3, 0, 0), Op("pointwise", 4, 0, 0),
+                    asks=(Ask("bytes", 90), Ask("min", 10)))
+# y + tanh(linear(x)) returned: y's gradient is the incoming one, unchanged.
+PASSED_THROUGH = case(Op("linear", 0, 0, 0), Op("pointwise", 1, 0, 0), passthrough=2,
+                      asks=(Ask("min", 10),))
+
+
+@settings(max_examples=FAST_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(fuzzed=cases())
+@example(fuzzed=INPUT_SCALED)
+@example(fuzzed=PASSED_THROUGH)
+def test_compiled_step_matches_eager(fuzzed: Case) -> None:
+    """Outputs, every gradient, updated inputs and buffers as eager's, at every budget;
+    the measured peak within a byte budget."""
+    outcome = run_case(fuzzed)
+    assert not outcome.failures, report(fuzzed, outcome.findings)
+
+
+@settings(max_examples=EAGER_EXAMPLES, deadline=None, derandomize=True, database=None)
+@given(fuzzed=cases(max_ops=12))
+def test_every_description_is_a_model_eager_runs(fuzzed: Case) -> None:
+    """In-place updates only where eager's backward allows them; every output either a
+    ``batch × width`` tensor or an int."""
+    model, inputs = build(fuzzed)
+    step = run_step(fuzzed, model, model, inputs)
+    assert step.outputs["output 0 requires grad"] is True  # the head's: a backward runs
+    for name, value in step.outputs.items():
+        assert isinstance(value, (torch.Tensor, int)), name
+        if isinstance(value, torch.Tensor):
+            assert value.shape == (fuzzed.batch, fuzzed.width), name
+    assert Case.from_json(fuzzed.to_json()) == fuzzed
+
+
+def test_the_generator_reaches_every_feature() -> None:
+    """Within 300 seeded cases: every kind of op, an input updated in place, a view of one
+    updated, an activation updated in place where it stands (not a copy), a pass-through
+    gradient, an int output, and every kind of budget."""
+    sources, seen_kinds, seen_asks = [], set(), set()
+    for k in range(300):
+        c = describe(random.Random(k).randint, max_ops=10)
+        sources.append(forward_source(c).text)
+        seen_kinds |= {op.kind for op in c.ops}
+        seen_asks |= {a.kind for a in c.asks}
+    text = "\n".join(sources)
+    assert seen_kinds == set(KINDS)
+    assert seen_asks == {"bytes", "fraction", "min"}
+    for feature in ("    x.mul_(0.5)", "    x[:, :", "    z.add_(1.0)", "    z[:, :", "y + v", "// 2,)",
+                    "torch._dynamo.graph_break()", "F.dropout", ".detach()", ".t()"):
+        assert feature in text, feature
+    in_place = [line for line in text.splitlines() if line.startswith("    v") and "_(" in line]
+    assert any(line.split(".")[0].strip() not in ("x", "z") for line in in_place), in_place
+
+
+def test_a_wrong_gradient_is_a_difference() -> None:
+    """The comparison can fail: a gradient 1% off, a missing one and a flag differing."""
+    model, inputs = build(INPUT_SCALED)
+    expected = run_step(INPUT_SCALED, model, model, inputs)
+    model, inputs = build(INPUT_SCALED)
+    got = run_step(INPUT_SCALED, model, model, inputs)
+    assert differences(expected, got, rtol=1e-4, atol=1e-5) == []
+    grads = dict(got.grads)
+    weight = grads["grad m1.weight"]
+    assert weight is not None
+    grads["grad m1.weight"] = weight * 1.01
+    grads["grad head.bias"] = None
+    outputs = {**got.outputs, "output 0 requires grad": False}
+    found = differences(expected, got._replace(grads=grads, outputs=outputs), rtol=1e-4, atol=1e-5)
+    assert [d.split(":")[0] for d in found] == ["output 0 requires grad", "grad m1.weight",
+                                              "grad head.bias"]
