@@ -153,7 +153,7 @@ def pin_plan(monkeypatch: pytest.MonkeyPatch, recompute: Callable[[Problem], set
 
     chosen: list[tuple[Problem, Plan]] = []
 
-    def pinned(problem: Problem, options: object) -> partition.Planned:
+    def pinned(problem: Problem, options: object, *, known: Plan | None = None) -> partition.Planned:
         plan = plan_with(problem, recompute(problem))
         report = check(problem, plan)
         chosen.append((problem, plan))

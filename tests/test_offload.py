@@ -118,7 +118,7 @@ def random_plan(problem: Problem, rng: random.Random) -> SolveResult:
 def test_random_plans_match_eager(name: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     decided: list[dict[Decision, int]] = []
 
-    def plan_for(problem: Problem, options: Options) -> Planned:
+    def plan_for(problem: Problem, options: Options, *, known: object = None) -> Planned:
         result = random_plan(problem, random.Random(seed))
         assert result.plan is not None
         decided.append({d: len(result.plan.of(d)) for d in Decision})
