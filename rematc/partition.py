@@ -242,7 +242,7 @@ def keep_in_hand(problem: Problem, plan: Plan, options: Options) -> None:
     if root is not None and report.fits:
         result = SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
                              objective=report.added_time, bound=0.0, wall_time=0.0,
-                             solver="least-peak")
+                             solver="in-hand")
         plancache.store(root, plancache.key(problem, options.solver, options.compiler), result)
 
 
@@ -274,7 +274,7 @@ class RematPartitioner(CustomPartitionerFn):
     It is a handle: ``copy.deepcopy`` returns the same partitioner (Inductor copies its
     config, this partitioner included, and the backend reads the plan from the one that
     ran), and pickling keeps only its options, which with our sources are all its
-    ``uuid()`` covers, so Inductor's FX graph and AOTAutograd caches can key on it."""
+    ``uuid()`` covers, so Inductor's FX graph cache can key on it."""
 
     def __init__(self, options: Options, share: BudgetShare | None = None) -> None:
         self.options = options
@@ -319,12 +319,12 @@ class RematPartitioner(CustomPartitionerFn):
         whole step, whose plans are kept in hand for when it is asked for."""
         where = "" if graph is None else f"graph {graph[1]} of frame {graph[0]}: "
         budget = self.options.budget
-        if budget is None:  # the budget of the model's own checkpointing: its plan fits
+        if budget is None:  # no budget: nothing is infeasible
             raise e
         if budget.fraction is not None:
             if e.plan is None or e.min_feasible is None:
                 raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven,
-                                            where=f"{where}{budget}") from e
+                                            where=f"{where}{budget}: ") from e
             least = problem.with_budget(e.min_feasible)
             report = check(least, e.plan)
             full = save_all(problem).report
