@@ -15,13 +15,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._prims_common import make_channels_last_strides_for
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
@@ -55,23 +61,38 @@ class NodeCost:
     time: float  # seconds, roofline estimate
     recompute_time: float  # seconds to recompute it in the backward (see recompute_cost)
     transcendental_time: float = 0.0  # seconds of its tanh/exp/...: what it costs inside another kernel
-    workspace: int = 0  # bytes the op allocates beside its outputs while it runs (workspace_bytes)
+    workspace: int = 0  # bytes the op allocates beside its outputs while it runs (workspaces)
 
 
 def annotate(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool = False) -> dict[fx.Node, NodeCost]:
     """Write a :class:`NodeCost` into every node's meta and return them.
 
     ``fuses``: the emitted graphs go to Inductor, which fuses a recomputed pointwise op
-    into the kernel that consumes it (see :func:`recompute_cost`)."""
+    into the kernel that consumes it (see :func:`recompute_cost`), and lays the tensors of
+    convolutions out channels-last (:func:`channels_last_convolutions`), which changes
+    their scratch memory (:func:`workspaces`)."""
     owners: dict[StorageWeakRef, fx.Node] = {}
     costs: dict[fx.Node, NodeCost] = {}
+    scratch = workspaces(list(gm.graph.nodes), channels_last=fuses and channels_last_convolutions(gm))
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
-        cost = _cost(node, owners, costs, device, fuses=fuses)
+        cost = _cost(node, owners, costs, device, fuses=fuses, workspace=scratch.get(node, 0))
         node.meta[META_KEY] = cost
         costs[node] = cost
     return costs
+
+
+def channels_last_convolutions(gm: fx.GraphModule) -> bool:
+    """Inductor's layout optimization is on for this graph: its convolutions read and
+    write channels-last tensors (``GraphLowering.decide_layout_opt``; always on for CPU
+    convolutions with oneDNN)."""
+    from torch._inductor.graph import GraphLowering
+
+    convolutions = (_aten.convolution.default, _aten.convolution_backward.default)
+    if not any(gm.graph.find_nodes(op="call_function", target=t) for t in convolutions):
+        return False
+    return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
 
 
 def is_random(node: fx.Node) -> bool:
@@ -123,6 +144,7 @@ def _cost(
     device: DeviceProfile,
     *,
     fuses: bool,
+    workspace: int = 0,
 ) -> NodeCost:
     outs = tensors(node.meta.get("val"))
     nbytes = 0
@@ -168,21 +190,161 @@ def _cost(
         recompute_time=recompute_cost(time, pointwise=pointwise, fuses=fuses, device=device,
                                       transcendentals=exps),
         transcendental_time=exps * device.transcendental_time,
-        workspace=workspace_bytes(node),
+        workspace=workspace,
     )
 
 
-def workspace_bytes(node: fx.Node) -> int:
-    """Bytes an op allocates for itself while it runs, beside its outputs (measured with
-    the profiler's allocator events): on CPU, oneDNN's ``convolution_backward`` computes
-    the weight's gradient in its own blocked layout and reorders it into the output,
-    through two more buffers of the gradient's size."""
-    if node.target is torch.ops.aten.convolution_backward.default:
-        val = node.meta.get("val")
-        grad_weight = val[1] if isinstance(val, (tuple, list)) and len(val) > 1 else None
-        if isinstance(grad_weight, torch.Tensor) and grad_weight.device.type == "cpu":
-            return 2 * storage_bytes(grad_weight)
-    return 0
+# Backward kernels whose scratch memory is measured (:func:`workspaces`). Each returns
+# several gradients, so the capture can hand its outputs to values of their own and count
+# the scratch while it runs only (``rematc.capture.split_elements``). On the CPU they
+# allocate it through PyTorch's allocator, in amounts that depend on the shapes, the
+# layout, the thread count and the instruction set, so they are run once to see it.
+PROBED = frozenset({
+    _aten.convolution_backward.default,  # oneDNN: the weight's gradient blocked, a scratchpad
+    _aten.native_batch_norm_backward.default,  # an input-sized buffer (eager route)
+    _SDPA_CPU_BWD,  # per-thread accumulators
+})
+# Measured workspaces by call (:func:`_call`, as JSON): each distinct call runs once a process.
+_WORKSPACES: dict[str, int] = {}
+PROBE_TIMEOUT = 600.0  # seconds for the fresh process that measures while a profiler records here
+
+
+def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict[fx.Node, int]:
+    """Bytes each op of ``nodes`` allocates for itself while it runs, beside its outputs:
+    the most the allocator holds during one call, less its outputs' storage.
+
+    Measured for the CPU backward kernels of :data:`PROBED` (0 for every other op): each
+    distinct call runs on zero-filled tensors of its arguments' sizes, strides and dtypes
+    (channels-last for a convolution's 4-D tensors with ``channels_last``: Inductor's
+    layout), once after a warm-up, under the profiler's allocator events
+    (:func:`rematc.memory.profiler_peak`). While a profiler records in this process a
+    second one would end it, so the calls then run in a fresh Python process.
+
+    On the 2-core AVX2 machine of the tests, with 2 threads: a convolution backward
+    computes the weight's gradient in oneDNN's blocked layout with a scratchpad and
+    reorders it into the output; for a 512-channel 3x3 convolution at batch 2 over 2x2
+    pixels that is the blocked gradient and 8 weight-sized buffers of scratchpad (4 with
+    one thread), over 7x7 pixels the blocked gradient only; channels-last adds a
+    contiguous copy of the gradient and the copy back. BatchNorm's backward holds an
+    input-sized buffer; the CPU flash attention's backward about one query-sized one.
+    Where a call cannot be measured, a convolution backward counts two weight-sized
+    buffers (the blocked gradient and its reorder) and the others none, with a warning."""
+    calls: dict[fx.Node, str] = {}
+    for node in nodes:
+        outs = tensors(node.meta.get("val"))
+        if node.target in PROBED and outs and outs[0].device.type == "cpu":
+            convolution = node.target is _aten.convolution_backward.default
+            try:
+                calls[node] = _call(node, channels_last=channels_last and convolution)
+            except TypeError as e:  # an argument it cannot stand in for
+                log.warning("rematc: the scratch memory of %s is not measured: %s", node.format_node(), e)
+    missing = sorted({c for c in calls.values() if c not in _WORKSPACES})
+    if missing:
+        if torch._C._autograd._profiler_enabled():
+            measured = _measure_elsewhere(missing)
+        else:
+            measured = [_measure_or_none(c) for c in missing]
+        _WORKSPACES.update((c, m) for c, m in zip(missing, measured, strict=True) if m is not None)
+    out: dict[fx.Node, int] = {}
+    for node in nodes:
+        if node in calls and calls[node] in _WORKSPACES:
+            out[node] = _WORKSPACES[calls[node]]
+        elif node.target is _aten.convolution_backward.default:
+            outs = tensors(node.meta.get("val"))
+            out[node] = 2 * storage_bytes(outs[1]) if len(outs) > 1 and outs[0].device.type == "cpu" else 0
+    return out
+
+
+def _call(node: fx.Node, *, channels_last: bool) -> str:
+    """``node``'s op and arguments as JSON (a tensor as its size hints, strides and dtype),
+    with the thread count: what :func:`_measure` needs to run it again."""
+    def encode(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            t = a.meta.get("val")
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"argument {a.name} is no tensor")
+            return {"tensor": [_hints(t.shape), _strides(t, channels_last), str(t.dtype).removeprefix("torch.")]}
+        if isinstance(a, torch.SymInt):
+            return int(optimization_hint(a))
+        if isinstance(a, (list, tuple)):
+            return [encode(x) for x in a]
+        if isinstance(a, torch.dtype):
+            return {"dtype": str(a).removeprefix("torch.")}
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        raise TypeError(f"argument {a!r} of type {type(a).__name__}")
+
+    return json.dumps({"op": str(node.target), "args": encode(node.args),
+                       "kwargs": {k: encode(v) for k, v in node.kwargs.items()},
+                       "threads": torch.get_num_threads()}, sort_keys=True)
+
+
+def _measure(call: str) -> int:
+    """Run a call of :func:`_call` and return its workspace (:func:`workspaces`)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from rematc.memory import profiler_peak
+
+    spec = json.loads(call)
+
+    def decode(a: Any) -> Any:
+        if isinstance(a, dict) and "tensor" in a:
+            size, stride, dtype = a["tensor"]
+            return torch.empty_strided(size, stride, dtype=getattr(torch, dtype)).zero_()
+        if isinstance(a, dict):
+            return getattr(torch, a["dtype"])
+        return [decode(x) for x in a] if isinstance(a, list) else a
+
+    namespace, name, overload = spec["op"].split(".")
+    op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec["threads"])
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            args, kwargs = decode(spec["args"]), {k: decode(v) for k, v in spec["kwargs"].items()}
+            op(*args, **kwargs)  # oneDNN builds and caches its primitive on the first call
+            out: list[Any] = []
+            peak = profiler_peak(lambda: out.append(op(*args, **kwargs)))
+            storages = {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors(out)}
+    finally:
+        torch.set_num_threads(threads)
+    return max(0, peak - sum(storages.values()))
+
+
+def _measure_or_none(call: str) -> int | None:
+    try:
+        return _measure(call)
+    except Exception as e:  # not measurable: the fallback of workspaces() counts it
+        log.warning("rematc: the scratch memory of %s is not measured: %s", call, e)
+        return None
+
+
+def _measure_elsewhere(calls: list[str]) -> list[int | None]:
+    """:func:`_measure_or_none` of each call, in a fresh Python process with this one's
+    import path (a profiler records in this one)."""
+    code = ("import json, sys\nfrom rematc.annotate import _measure_or_none\n"
+            "print(json.dumps([_measure_or_none(c) for c in json.load(sys.stdin)]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], input=json.dumps(calls), env=env,
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=True)
+        line = next(line for line in reversed(done.stdout.splitlines()) if line.startswith("["))
+        measured: list[int | None] = json.loads(line)
+        return measured
+    except (OSError, ValueError, StopIteration, subprocess.SubprocessError) as e:
+        log.warning("rematc: the scratch memory of %d kernels is not measured (a profiler records "
+                    "here, and a fresh process failed: %s)", len(calls), e)
+        return [None] * len(calls)
+
+
+def _hints(sizes: Any) -> list[int]:
+    return [int(optimization_hint(s, fallback=4096)) for s in sizes]
+
+
+def _strides(t: torch.Tensor, channels_last: bool) -> list[int]:
+    if channels_last and t.dim() == 4:
+        return [int(s) for s in make_channels_last_strides_for(_hints(t.shape))]
+    return _hints(t.stride())
 
 
 def recompute_cost(time: float, *, pointwise: bool, fuses: bool, device: DeviceProfile,

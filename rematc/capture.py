@@ -23,6 +23,8 @@ import dataclasses
 import operator
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.fx as fx
@@ -35,11 +37,19 @@ from torch._functorch.partitioners import (
     classify_nodes,
 )
 from torch._inductor.utils import is_gpu, is_pointwise_use
-from torch._prims_common import is_expandable_to
+from torch._prims_common import is_expandable_to, make_channels_last_strides_for
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import CheckpointPolicy
 
-from rematc.annotate import META_KEY, NodeCost, storage_bytes, tensors, val_bytes
+from rematc.annotate import (
+    META_KEY,
+    NodeCost,
+    channels_last_convolutions,
+    storage_bytes,
+    tensors,
+    val_bytes,
+)
 from solvers import Node, Problem
 
 
@@ -84,10 +94,16 @@ def capture(
     for n, o in owner.items():
         if o.op == "placeholder" and (_is_primal(o) or _is_fwd_seed_offset(o)):
             owner[n] = n
-    own_size = split_kept_elements(nodes, owner, kept)
+    # A backward op with a workspace hands each of its outputs to a value of its own (its
+    # element), so its own value, the outputs and the workspace together, lives only
+    # while it runs.
+    scratch = {n for n in nodes if n not in forward and costs[n].workspace > 0}
+    elements = split_elements(nodes, owner, kept, whole=scratch, forward=forward)
+    own_size, handed = elements.sizes, elements.handed
     copied = layout_copies(joint, forward) if inductor else {}
     own_size.update(copied)
     order = _just_in_time(copied, [n for n in nodes if n in forward]) + _backward_order(nodes, forward)
+    order = _right_after(handed, order)
     deferred: dict[fx.Node, fx.Node] = {}
     if inductor:
         deferred = deferred_to_reader(order, forward, costs, kept)
@@ -119,6 +135,11 @@ def capture(
         return deps_memo[n]
 
     group_deps = [frozenset().union(*(value_deps(n) for n in g)) - {i} for i, g in enumerate(groups)]
+    # A handed-over element takes its storage from the op at the op's end: it reads no
+    # value, and the op's value dies at its own step.
+    for i, g in enumerate(groups):
+        if g[0] in handed:
+            group_deps[i] = group_deps[i] - {value_of[handed[g[0]]]}
     # A deferred value runs after the recomputations its reader needs (it is emitted as
     # that reader is lowered): it reads them, for the plan's order.
     for i, g in enumerate(groups):
@@ -147,18 +168,24 @@ def capture(
                 op=_op_name(head),
                 deps=tuple(sorted(deps)),
                 backward=head not in forward,
-                # An op's workspace lives while it runs: counted with its value, which is
-                # an overcount for the steps its outputs outlive it.
+                # An op's workspace lives while it runs: counted with its value, which
+                # lives on with its outputs unless they are handed over (``split_elements``).
                 size=0 if i in unstored else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
                 time=recompute_seconds(group, own, costs, stored=inductor and i not in inline) * per_reader.get(i, 1),
                 flops=sum(costs[n].flops for n in own),
-                recomputable=_recomputable(group, costs) and not stale.intersection(group),
+                recomputable=(_recomputable(group, costs) and not stale.intersection(group)
+                              and head not in elements.statistics),
                 offloadable=_offloadable(group, costs),
                 resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
                 inline=i in inline - unstored,
             )
         )
+    if inductor and problem_nodes and not problem_nodes[-1].resident and channels_last_convolutions(joint):
+        # Autograd's copies of gradients into their parameters' layout, made after the
+        # backward (accumulate_copy_bytes): at the last step, where every gradient is alive.
+        last = problem_nodes[-1]
+        problem_nodes[-1] = dataclasses.replace(last, size=last.size + accumulate_copy_bytes(nodes, kept))
     problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
     if inductor:
         problem = with_one_reader_kernels(problem, groups, value_of, forward, costs, kept, extern, inlined)
@@ -204,9 +231,15 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     maximum, 128 MiB on the GPT-2 benchmark, where Inductor stores only the log-softmax
     (written over the logits). With a copy per reader, each copy has one reader and
     :func:`fused_groups` folds it into it, so the log-softmax reads the logits itself and
-    may take their storage over. Only values no backward op reads: saving one is then no
-    decision the plan can make (a reader saved or recomputed carries its copy), which is
-    what Inductor would do with it unsaved.
+    may take their storage over. Saving such a copy is no decision the plan can make (a
+    reader saved or recomputed carries its copy), which is what Inductor would do with the
+    value unsaved. A value the backward reads too keeps its first forward reader and its
+    backward ones: it is then ``Node.fused``, stored by the forward only where the plan
+    saves it (then Inductor's other forward readers read it, where the copies read its
+    inputs: on the safe side). Under bf16 autocast the loss upcasts the logits, and that
+    fp32 copy, read by the maximum, the exp-sum and the log-softmax and recomputed for the
+    loss's gradient, had counted in the forward where Inductor never stores it (8 MiB on
+    the test GPT-2 of transformers at vocabulary 4096, 40% of its peak).
 
     Only values whose inputs hold no more bytes than they do (up to ``SPLIT_SLACK``):
     the copies keep those inputs alive to the last reader in its place, and a plan that
@@ -223,27 +256,34 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     kept = step_outputs(joint, num_fwd_outputs)
     extern = frozenset(addmm_pairs(joint).values())
     by_name = {n.name: n for n in joint.graph.nodes}
-    copies = 0
-    for v in list(joint.graph.nodes):
-        readers = list(v.users)
-        if (v not in info.required_fw_nodes or len(readers) < 2 or v not in costs
-                or costs[v].owner != v.name or costs[v].is_view or len(v.all_input_nodes) > REALIZE_READS
-                or not _inlinable([v], costs, kept, extern)
-                or not all(u in info.required_fw_nodes for u in readers)
+    forward = set(info.required_fw_nodes)  # with the copies made here
+    copies = copy_constants_to_backward(joint, costs, forward)
+    # Readers first: the copies of a split reader read the value, which then has more readers.
+    for v in reversed(list(joint.graph.nodes)):
+        if v not in forward or v not in costs or costs[v].owner != v.name or costs[v].is_view:
+            continue
+        through = _view_chains(v)
+        readers = [u for u in through if u in forward]
+        group = [v, *{w for chain in through.values() for w in chain[1:]}]
+        if (len(readers) < 2 or len(v.all_input_nodes) > REALIZE_READS
+                or not _inlinable(group, costs, kept, extern)
                 or _input_bytes(v, costs, by_name) > costs[v].nbytes * (1 + SPLIT_SLACK)):
             continue
         for u in readers[1:]:
+            chain = through[u]
+            made: dict[fx.Node, fx.Node] = {}
             with joint.graph.inserting_before(u):
-                copy = joint.graph.node_copy(v)
-            val = v.meta.get("val")
-            mode = getattr(val, "fake_mode", None)
-            if isinstance(val, torch.Tensor) and mode is not None:  # a storage of its own, as the copy's
-                with mode:
-                    copy.meta["val"] = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype,
-                                                           device=val.device)
-            u.replace_input_with(v, copy)
-            costs[copy] = dataclasses.replace(costs[v], owner=copy.name)
-            copy.meta[META_KEY] = costs[copy]
+                for w in chain:
+                    # A copied view reads the copy before it; the value's copy, its inputs.
+                    made[w] = joint.graph.node_copy(w, partial(_renamed, made))
+            _own_storage(v, made[v])
+            for w in chain[1:]:
+                _view_value(made[w])
+            u.replace_input_with(chain[-1], made[chain[-1]])
+            for w in chain:
+                costs[made[w]] = dataclasses.replace(costs[w], owner=made[v].name)
+                made[w].meta[META_KEY] = costs[made[w]]
+            forward |= set(made.values())
             copies += 1
     if copies:
         joint.recompile()
@@ -251,6 +291,78 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
 
 
 SPLIT_SLACK = 1 / 16  # a row statistic or a mask read beside a full-size input
+
+
+def _renamed(made: dict[fx.Node, fx.Node], a: fx.Node) -> fx.Node:
+    return made.get(a, a)
+
+
+def _view_chains(v: fx.Node) -> dict[fx.Node, list[fx.Node]]:
+    """Each reader of ``v`` or of the views Inductor applies to it (:data:`INLINE_VIEWS`),
+    in graph order, with the chain ``[v, view, ...]`` to the node it reads (the first
+    such, where it reads several)."""
+    out: dict[fx.Node, list[fx.Node]] = {}
+    stack = [[v]]
+    while stack:
+        chain = stack.pop()
+        for u in chain[-1].users:
+            if _inline_view(u) and len(u.all_input_nodes) == 1:
+                stack.append([*chain, u])
+            else:
+                out.setdefault(u, chain)
+    order = {n: k for k, n in enumerate(v.graph.nodes)}
+    return dict(sorted(out.items(), key=lambda item: order[item[0]]))
+
+
+def _view_value(view: fx.Node) -> None:
+    """Recompute a copied view's fake value from its (copied) input's."""
+    args, kwargs = tree_map_only(fx.Node, lambda a: a.meta["val"], (view.args, view.kwargs))
+    mode = getattr(args[0], "fake_mode", None)
+    if mode is not None and callable(view.target):
+        with mode:
+            view.meta["val"] = view.target(*args, **kwargs)
+
+
+def _own_storage(v: fx.Node, copy: fx.Node) -> None:
+    """Give ``copy``, made by ``node_copy(v)``, a fake value with a storage of its own."""
+    val = v.meta.get("val")
+    mode = getattr(val, "fake_mode", None)
+    if isinstance(val, torch.Tensor) and mode is not None:
+        with mode:
+            copy.meta["val"] = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device)
+
+
+def copy_constants_to_backward(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost],
+                               forward: Collection[fx.Node]) -> int:
+    """Give the backward its own copy of each constant the forward computes and the
+    backward reads (a ``full`` with no inputs, which CSE shares between the two); return
+    how many copies were made.
+
+    Inductor computes a constant inside each kernel that reads it, so it is no buffer, and
+    :func:`inline_values` counts it so. A forward constant the backward reads is a forward
+    value, though, which the plan may save, and a saved one is a graph input of the
+    backward: a buffer each kernel reading it loads. The cross-entropy backward's one-hot
+    gradient then reads five buffers (the labels, the incoming gradient, the count of
+    labels and two saved constants), over Inductor's threshold of four for a value that
+    two loops of its kernel read, and Inductor stores it: a logits-sized buffer the model
+    did not count (fp32 under bf16 autocast: the test GPT-2 of transformers at vocabulary
+    4096 measured 13.45 MiB against its 13.08 MiB budget). With its own copy the backward
+    computes the constant, as the model assumes, and the forward's is no decision."""
+    copies = 0
+    for v in list(joint.graph.nodes):
+        readers = [u for u in v.users if u not in forward and u.op != "output"]
+        if v not in forward or v not in costs or not readers or not _is_factory(v):
+            continue
+        first = min(readers, key=list(joint.graph.nodes).index)
+        with joint.graph.inserting_before(first):
+            copy = joint.graph.node_copy(v)
+        _own_storage(v, copy)
+        for u in readers:
+            u.replace_input_with(v, copy)
+        costs[copy] = dataclasses.replace(costs[v], owner=copy.name)
+        copy.meta[META_KEY] = costs[copy]
+        copies += 1
+    return copies
 
 
 def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]],
@@ -427,6 +539,36 @@ def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx
     return out
 
 
+def accumulate_copy_bytes(nodes: Sequence[fx.Node], kept: Collection[fx.Node]) -> int:
+    """Bytes autograd allocates after the backward to give a gradient its parameter's
+    layout: the largest weight gradient a convolution backward returns channels-last.
+
+    Under Inductor's layout optimization a convolution backward reads a channels-last
+    weight and returns the weight's gradient channels-last, and the backward graph
+    returns it so. Autograd's ``AccumulateGrad`` steals a gradient only when its strides
+    are the parameter's (those of its dimensions longer than one); otherwise it copies it
+    into a new tensor of the parameter's strides and then frees it. Those copies run one
+    at a time once the backward has returned, with every gradient alive: one gradient
+    more than the step's end. ResNet-18 at batch 2 over 64x64 images: 9 MiB (a 512-channel
+    3x3 kernel) above the 44.7 MiB of gradients. A 1x1 kernel's gradient has the same
+    strides either way."""
+    out = 0
+    for n in nodes:
+        if not (n in kept and n.target is operator.getitem and n.args[1] == 1):
+            continue
+        op = n.args[0]
+        if not (isinstance(op, fx.Node) and op.target is torch.ops.aten.convolution_backward.default):
+            continue
+        weight, grad = op.args[2], n.meta.get("val")
+        param = weight.meta.get("val") if isinstance(weight, fx.Node) else None
+        if not (isinstance(grad, torch.Tensor) and isinstance(param, torch.Tensor) and grad.dim() == 4):
+            continue
+        channels_last = make_channels_last_strides_for(grad.shape)
+        if any(size != 1 and a != b for size, a, b in zip(grad.shape, channels_last, param.stride(), strict=True)):
+            out = max(out, storage_bytes(grad))
+    return out
+
+
 def _just_in_time(moved: Collection[fx.Node], order: list[fx.Node]) -> list[fx.Node]:
     """``order`` with each node of ``moved`` right before its first reader (a copy is made
     there, not when the step starts)."""
@@ -441,17 +583,45 @@ def _just_in_time(moved: Collection[fx.Node], order: list[fx.Node]) -> list[fx.N
     return [m for k, n in enumerate(rest) for m in (*before.get(k, []), n)]
 
 
-def split_kept_elements(nodes: Sequence[fx.Node], owner: dict[fx.Node, fx.Node],
-                        kept: set[fx.Node]) -> dict[fx.Node, int]:
-    """Make each kept element of a multi-output op a value of its own; return their sizes.
+class Elements(NamedTuple):
+    """The elements of multi-output ops made values of their own (:func:`split_elements`)."""
+
+    sizes: dict[fx.Node, int]  # element (its getitem) -> bytes
+    handed: dict[fx.Node, fx.Node]  # element of a ``whole`` op -> the op
+    statistics: frozenset[fx.Node]  # elements saved for the backward, never recomputed
+
+
+def split_elements(nodes: Sequence[fx.Node], owner: dict[fx.Node, fx.Node], kept: set[fx.Node], *,
+                   whole: Collection[fx.Node] = (), forward: Collection[fx.Node] = ()) -> Elements:
+    """Make elements of multi-output ops values of their own: each kept element, every
+    element of an op in ``whole``, and the statistics of ``forward`` ops.
 
     ``convolution_backward`` returns the input's gradient and the weight's: as one value,
     the input's gradient would stay to the end of the step with the weight's. Split off,
     the kept element lives to the end and the op's value dies with its last other reader.
     The op's value keeps counting the element's bytes too (they are allocated while the
     op runs, before the element's own step): an overcount for the few steps the op's
-    other outputs live, never an undercount. The element's views go with it."""
+    other outputs live, never an undercount. The element's views go with it.
+
+    An op in ``whole`` (a backward op with a workspace) hands every element over: its
+    value is then what it allocates while it runs (outputs and workspace), read by no
+    one, so it lives at its own step only, and each element lives from its ``getitem``,
+    right after the op, to its last reader. A oneDNN convolution backward's scratchpad
+    (72 MiB for a 512-channel 3x3 convolution of ResNet-18 at batch 2 over 64x64 images)
+    then counts while it runs, not until the input's gradient dies.
+
+    A statistic is an element of a forward op that the backward reads, at most
+    ``SPLIT_SLACK`` of the op's bytes, where the backward reads no other output of it:
+    BatchNorm's mean, inverse deviation and running statistics on the eager route. As
+    one value with the normalized output, that output was counted as saved until the
+    BatchNorm's backward, where the forward frees it after the ReLU reads it (ResNet-18
+    at batch 2 over 224x224 images, no budget: 97.9 MiB predicted, 81.4 MiB measured). A
+    statistic is saved, never recomputed (``Node.recomputable`` false): recomputing it
+    would run the whole op; a plan recomputing the op keeps it saved all the same (bytes
+    per channel)."""
     sizes: dict[fx.Node, int] = {}
+    handed: dict[fx.Node, fx.Node] = {}
+    statistics: set[fx.Node] = set()
     multi = {o for n, o in owner.items() if n is not o and n.target is operator.getitem}
     by_storage: dict[fx.Node, dict[StorageWeakRef, list[fx.Node]]] = {op: {} for op in multi}
     for n in nodes:  # in graph order: an element's getitem comes before its views
@@ -459,14 +629,43 @@ def split_kept_elements(nodes: Sequence[fx.Node], owner: dict[fx.Node, fx.Node],
         if owner.get(n) in multi and n is not owner[n] and isinstance(val, torch.Tensor):
             by_storage[owner[n]].setdefault(StorageWeakRef(val.untyped_storage()), []).append(n)
     for op, storages in by_storage.items():
+        stats = _statistics(op, list(storages.values()), forward) if op in forward else set()
         for members in storages.values():
             heads = [n for n in members if n.target is operator.getitem and n.args[0] is op]
-            if not heads or not any(n in kept for n in members):
+            if not heads or not (op in whole or heads[0] in stats or any(n in kept for n in members)):
                 continue
             for n in members:
                 owner[n] = heads[0]
             sizes[heads[0]] = storage_bytes(heads[0].meta["val"])
-    return sizes
+            if op in whole:
+                handed[heads[0]] = op
+            if heads[0] in stats and not any(n in kept for n in members):
+                statistics.add(heads[0])
+    return Elements(sizes, handed, frozenset(statistics))
+
+
+def _statistics(op: fx.Node, elements: Sequence[Sequence[fx.Node]], forward: Collection[fx.Node]) -> set[fx.Node]:
+    """The heads of ``op``'s statistics (:func:`split_elements`); ``elements``: the nodes of
+    each of its output storages."""
+    total = sum(storage_bytes(members[0].meta["val"]) for members in elements)
+    small = [m for m in elements if storage_bytes(m[0].meta["val"]) <= SPLIT_SLACK * total]
+    backward_read = [m for m in elements if any(u not in forward for u in readers_of(m) if u.op != "output")]
+    if not backward_read or any(m not in small for m in backward_read):
+        return set()
+    return {n for m in backward_read for n in m[:1] if n.target is operator.getitem and n.args[0] is op}
+
+
+def _right_after(handed: dict[fx.Node, fx.Node], order: list[fx.Node]) -> list[fx.Node]:
+    """``order`` with each handed-over element right after its op (with the op's other
+    elements, in their order): the op's value ends at its own step, the element's begins
+    at the next one."""
+    if not handed:
+        return order
+    after: dict[fx.Node, list[fx.Node]] = {}
+    for n in order:
+        if n in handed:
+            after.setdefault(handed[n], []).append(n)
+    return [m for n in order if n not in handed for m in (n, *after.get(n, []))]
 
 
 # Views Inductor applies to an unrealized pointwise result by re-indexing its loader, so

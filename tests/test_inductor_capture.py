@@ -23,7 +23,14 @@ from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.utils import run_and_get_code
 
 import rematc
-from rematc.capture import Captured, addmm_pairs, held_for_addmm, readers_of
+from rematc.capture import (
+    Captured,
+    accumulate_copy_bytes,
+    addmm_pairs,
+    held_for_addmm,
+    readers_of,
+    step_outputs,
+)
 from rematc.devices import profile_for
 from rematc.models import GPTConfig, make_gpt
 from rematc.partition import capture_stage
@@ -171,15 +178,28 @@ def test_channels_last_copies_count_from_their_first_convolution(cnn: Captured) 
 
 
 def test_kept_weight_gradient_is_its_own_value(cnn: Captured) -> None:
+    """A convolution backward hands its gradients to values of their own right after it
+    (``split_elements``): its own value, outputs and oneDNN's workspace, lives while it
+    runs only."""
     p = cnn.problem
     backward_convs = [(i, n) for i, n in enumerate(p.nodes) if n.op == "aten.convolution_backward"]
     assert backward_convs
     for i, node in backward_convs:
-        assert not node.keep  # the input's gradient dies with its last reader
-        kept = [p.nodes[u] for u in p.users[i] if p.nodes[u].keep and p.nodes[u].op == "getitem"]
+        assert not node.keep and not p.users[i]  # dies at its own step
+        elements = [i + 1 + k for k, n in enumerate(p.nodes[i + 1:]) if n.op == "getitem"][:2]
+        assert elements and elements[0] == i + 1
+        kept = [p.nodes[e] for e in elements if p.nodes[e].keep]
         assert kept, "the weight gradient is a kept value of its own"
-        weight_grad = max(k.size for k in kept)
-        assert node.size >= 3 * weight_grad  # outputs plus oneDNN's two weight-sized buffers
+        assert node.size >= sum(p.nodes[e].size for e in elements)  # its outputs, and the workspace
+
+
+def test_a_channels_last_weight_gradient_is_copied_after_the_backward() -> None:
+    """Autograd copies a gradient whose strides are not its parameter's into a new tensor
+    after the backward; a channels-last 3x3 kernel's gradient is one, a 1x1 kernel's has
+    the same strides either way. The largest copy counts at the last step."""
+    gm, kwargs = joint_graph(Cnn(), torch.randn(2, 3, 8, 8))
+    kept = step_outputs(gm, kwargs["num_fwd_outputs"])
+    assert accumulate_copy_bytes(list(gm.graph.nodes), kept) == 8 * 3 * 3 * 3 * 4
 
 
 def test_an_elementwise_value_read_by_an_extern_kernel_runs_after_its_recomputations(cnn: Captured) -> None:

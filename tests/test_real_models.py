@@ -108,20 +108,8 @@ def check_model(name: str, variant: str, compiler: str) -> None:
             f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B")
 
 
-# The ResNet's measured peak is above its budget on the eager route (CPU convolution
-# backward buffers the memory model does not count yet): tracked, expected to fail.
-OVER_BUDGET = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                reason="CPU convolution backward memory not yet modelled")
-
-
-def _cases() -> list[object]:
-    return [pytest.param(name, variant, marks=[OVER_BUDGET] if name == "resnet"
-                         and variant in ("smallest", "70%", "bf16") else [])
-            for name in sorted(MODELS) for variant in VARIANTS]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "variant"), _cases())
+@pytest.mark.parametrize(("name", "variant"), [(name, variant) for name in sorted(MODELS) for variant in VARIANTS])
 def test_eager_route(name: str, variant: str) -> None:
     check_model(name, variant, "eager")
 
