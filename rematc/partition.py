@@ -238,11 +238,8 @@ def keep_in_hand(problem: Problem, plan: Plan, options: Options) -> None:
         _IN_HAND.pop(next(iter(_IN_HAND)))
     _IN_HAND[_unbudgeted_key(problem)] = (problem.budget, plan)
     root = plancache.directory(options.cache_dir)
-    report = check(problem, plan)
-    if root is not None and report.fits:
-        result = SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
-                             objective=report.added_time, bound=0.0, wall_time=0.0,
-                             solver="in-hand")
+    result = _fitting(problem, plan, "in-hand") if root is not None else None
+    if root is not None and result is not None:
         plancache.store(root, plancache.key(problem, options.solver, options.compiler), result)
 
 
