@@ -40,7 +40,9 @@ def count(gm: fx.GraphModule, op: object) -> int:
     return sum(1 for n in gm.graph.nodes if n.target is op)
 
 
-@pytest.mark.parametrize(("name", "budget"), [("gpt", 0.8), ("cnn", 0.8)])
+# The CNN's floor is its convolution backward's scratch memory (86% of its plain peak), which
+# no decision moves, so its budget sits between that floor and the plain peak.
+@pytest.mark.parametrize(("name", "budget"), [("gpt", 0.8), ("cnn", 0.9)])
 def test_offload_plan_matches_eager_and_emits_one_copy_pair_per_value(name: str, budget: float) -> None:
     reference, result, spy = compiled_step(name, budget=budget, host_bandwidth=FAST_LINK)
     assert_same_step(reference, result, **EAGER_TOL)
