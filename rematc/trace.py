@@ -104,10 +104,12 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
         model, inputs = _cast(model, inputs, DTYPES[dtype])
     spy = _Capture(device, target, name)
     torch._dynamo.reset()
+    on_meta = _on_meta(model, inputs)
     try:
         # A shape error is logged with its traceback by the fake-tensor run, then raised
         # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
-        with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"):
+        with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
+                _fused_attention(on_meta):
             torch.compile(model, backend=backend, fullgraph=False)(*inputs)
     except Exception as e:
         if spy.traced is None:
@@ -223,6 +225,46 @@ def _zeros_like_placeholder(node: fx.Node) -> torch.Tensor:
     if not isinstance(val, torch.Tensor):
         raise TraceError(f"input {node.name} has no recorded shape; save the program with example inputs")
     return torch.zeros([int(s) for s in val.shape], dtype=val.dtype)
+
+
+def _on_meta(model: nn.Module, inputs: Sequence[Any]) -> bool:
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in tree_leaves(tuple(inputs)) if isinstance(t, torch.Tensor))]
+    return any(t.device.type == "meta" for t in tensors)
+
+
+@contextlib.contextmanager
+def _fused_attention(on_meta: bool) -> Iterator[None]:
+    """On ``meta`` tensors, ``F.scaled_dot_product_attention`` picks no fused kernel (it
+    has no device to pick for) and traces as explicit softmax attention, whose score
+    matrices a device with flash attention never holds. While tracing on meta, it calls
+    the CPU flash-attention op instead: the same inputs, output and saved log-sum-exp as
+    a GPU's flash kernel. Grouped-query key and value heads are repeated first (the
+    fused kernels read them in place: the copies count a little more than they hold)."""
+    if not on_meta:
+        yield
+        return
+    import torch.nn.functional as F
+
+    plain = F.scaled_dot_product_attention
+
+    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+        if attn_mask is not None or dropout_p or q.dim() != 4:
+            return plain(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa and k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = flash
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = plain
 
 
 def _cast(model: nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[nn.Module, tuple[Any, ...]]:

@@ -175,30 +175,47 @@ def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: i
     return best[units][1]
 
 
+# A value live across a boundary besides it does not keep it from being one when it is at
+# most PASSED_OVER of its size (a rotary table: 1 MiB on Llama-2-7B beside the residual's
+# 32 MiB), or read over at least LONG_LIVED of the forward's steps (a table or a mask every
+# block reads, whatever its size: a toy model's rotary table is a quarter of its residual).
+PASSED_OVER = 1 / 8
+LONG_LIVED = 1 / 4
+
+
 def segment_boundaries(problem: Problem) -> list[int]:
-    """Forward values that are the only non-resident value live across their step.
+    """Forward values that alone carry the computation from their step to the next: every
+    other value live across that step was computed before it and is a constant, at most
+    ``PASSED_OVER`` of its size, or read over ``LONG_LIVED`` of the forward.
 
     Constants (values computed from no input, as a ``full`` fill value or an ``iota``
     mask, and what only they feed) are not counted: every block may read one, as a
-    checkpointed block reads it from its closure, so it would otherwise hide every
-    boundary after it.
+    checkpointed block reads it from its closure. Nor are small or long-lived values, such
+    as a rotary table cast once and read by every block, which would otherwise hide every
+    boundary after them; a plan saves them whole (they are a segment's inputs).
     """
     f = problem.n_forward
     constant = [False] * f
-    live_after = [0] * (f + 1)  # live non-resident values crossing from step k to k+1
+    ends: dict[int, list[int]] = {}
     for v in range(f):
         node = problem.nodes[v]
-        constant[v] = not node.resident and all(constant[d] for d in node.deps)  # deps precede v
-        if node.resident or constant[v]:
+        if node.resident:
             continue
-        end = problem.last_forward_use[v]
-        live_after[v] += 1
-        live_after[end] -= 1
-    out, live = [], 0
+        constant[v] = all(constant[d] for d in node.deps)  # deps precede v
+        if not constant[v] and problem.last_forward_use[v] - v < f * LONG_LIVED:
+            ends.setdefault(problem.last_forward_use[v], []).append(v)
+    out: list[int] = []
+    live: dict[int, int] = {}  # values computed before the step and read after it -> size
     for k in range(f):
-        live += live_after[k]
-        if live == 1 and not problem.nodes[k].resident and problem.forward_users[k] and k in problem.candidates:
+        for v in ends.get(k, ()):  # read last by step k: not live after it
+            live.pop(v, None)
+        node = problem.nodes[k]
+        carried = not node.resident and not constant[k]
+        if (carried and problem.forward_users[k] and k in problem.candidates
+                and all(size <= node.size * PASSED_OVER for size in live.values())):
             out.append(k)
+        if carried and 0 < problem.last_forward_use[k] - k < f * LONG_LIVED:
+            live[k] = node.size
     return out
 
 

@@ -115,7 +115,7 @@ from dataclasses import dataclass, field, replace
 from ortools.sat.python import cp_model
 
 from solvers import anywhere
-from solvers.baselines import greedy
+from solvers.baselines import checkpoint_every, greedy
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Problem
@@ -139,6 +139,12 @@ MAX_CUT_TERMS = 200_000  # bounds the size of add_memory_cuts: about 10 MB of mo
 TRANSFER_CHOICES = 6  # steps an offloaded value's copy may run beside, each way
 SEED_SHARE = 0.2  # of the time limit, at most, for the greedy plan that seeds the search
 PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when the greedy's does not fit
+KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
+CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) that may seed it instead
+# Candidates from which a problem's chain model runs: below, the flat model finds the
+# optimum or near it within seconds (the 6-layer GPT-2's 200), above it stalls on its start
+# (Llama-2-7B's 32 layers: 1421 decisions, never better than the greedy's plan in 60 s).
+CHAIN_MIN_CANDIDATES = 300
 
 
 @dataclass
@@ -560,11 +566,14 @@ def seed(problem: Problem, config: SolverConfig) -> Plan | None:
 
 def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
     """:func:`seed`'s plan and the deterministic seconds its minimum-peak search ran (0
-    when the greedy's plan fits). Under ``config.deterministic`` the greedy has no time
-    limit (it stops after about two replays per candidate)."""
+    when a known plan fits). Under ``config.deterministic`` the greedy has no time limit
+    (it stops after about two replays per candidate)."""
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     start = greedy(problem, SolverConfig(time_limit=share))
-    if start.plan is not None or problem.budget is None:
+    fitting = [r for r in [start, *known_plans(problem, config)] if r.plan is not None]
+    if fitting:
+        return min(fitting, key=lambda r: r.objective).plan, 0.0
+    if problem.budget is None:
         return start.plan, 0.0
     t0 = time.perf_counter()
     capacity = problem.scale.capacity(problem.budget)
@@ -581,6 +590,20 @@ def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
              "first plan within budget" if fits else "least-peak plan found (over budget)",
              time.perf_counter() - t0)
     return plan, work
+
+
+def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+    """Plans found without the flat search, each judged by the checker: checkpointing every
+    k-th segment (k = 1 is checkpointing every block) and, on problems of at least
+    ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
+    ``CHAIN_SHARE`` of the time limit. A plan among them that fits the budget starts
+    every search, so no search ends on a plan dearer than one of them."""
+    from solvers import chain  # it plans each segment with this module
+
+    out = [checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY]
+    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES:
+        out.append(chain.solve(problem, replace(config, time_limit=config.time_limit * CHAIN_SHARE)))
+    return out
 
 
 def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None
@@ -653,13 +676,38 @@ def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model
 
 def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
-    smallest feasible budget when the status is OPTIMAL."""
+    smallest feasible budget when the status is OPTIMAL. Where the search proves nothing,
+    never above the least peak of the plans :func:`known_plans` finds without a budget."""
     if problem.single_phase:
         return anywhere.min_feasible_peak(problem, config)
     t0 = time.perf_counter()
     model, solver, code = peak_search(problem, config)
-    return min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
-                           name="cpsat-min-peak", stats=solve_stats(model, solver, code))
+    found = min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
+                            name="cpsat-min-peak", stats=solve_stats(model, solver, code))
+    if found.status is Status.OPTIMAL:
+        return found
+    known = [found, *least_known_peaks(problem, config)]
+    best = min((r for r in known if r.report is not None), key=lambda r: r.report.peak,  # type: ignore[union-attr]
+               default=found)
+    return replace(best, wall_time=time.perf_counter() - t0)
+
+
+def least_known_peaks(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+    """:func:`known_plans`' least-peak plans, each judged against ``problem``'s budget."""
+    from solvers import chain
+
+    unbudgeted = problem.with_budget(None)
+    plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
+    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES:
+        plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=config.time_limit * CHAIN_SHARE)).plan)
+    out = []
+    for plan in plans:
+        if plan is not None:
+            report = check(problem, plan)
+            out.append(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
+                                   objective=report.added_time, bound=0.0, wall_time=0.0,
+                                   solver="known-min-peak"))
+    return out
 
 
 def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:

@@ -1,0 +1,128 @@
+"""The chain model (solvers.chain): segments found on real models, its optimum equal to
+brute force over its options, its plans within a stated margin of the flat optimum and
+giving eager's gradients, and no search ending dearer than checkpointing."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from functools import cache
+
+import pytest
+
+import rematc
+from rematc.models import GPTConfig, make_gpt
+from rematc.trace import trace
+from solvers import Problem, SolverConfig, Status, chain, check, cpsat
+from solvers.baselines import checkpoint_every, save_all
+from tests import realmodels
+from tests.helpers import assert_same_step, run_step
+
+FAST = SolverConfig(time_limit=10.0, workers=2)
+# The chain model saves every boundary and decides each segment alone, so on a 2-4 layer
+# GPT (where the flat model proves its optimum) it adds up to 1.85x the flat optimum's
+# time at 60-90% of the way from the least peak to saving everything.
+FLAT_MARGIN = 2.0
+
+
+@cache
+def tiny_gpt(n_layer: int) -> Problem:
+    model, inputs = make_gpt(GPTConfig.tiny(n_layer=n_layer), batch=2, seed=0)
+    return trace(model, inputs, target="eager").problem
+
+
+def budgets(problem: Problem, least: int) -> list[int]:
+    """Budgets from 60% to 90% of the way from ``least`` to saving everything."""
+    top = save_all(problem).report.peak  # type: ignore[union-attr]
+    return [least + (top - least) * k // 10 for k in (6, 7, 8, 9)]
+
+
+def _resnet() -> realmodels.Example:
+    return realmodels.make_resnet(realmodels.ResNetConfig(image_size=32, widths=(8, 16), depths=(2, 2),
+                                                          n_class=10), batch=4, seed=0)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "resnet"])
+def test_segments_of_real_models_repeat(name: str) -> None:
+    """Two layers give at least two segments that decide something, and a layer's segment
+    has the shape of the other layer's, so its options are computed once."""
+    model, inputs = _resnet() if name == "resnet" else realmodels.MODELS[name]()
+    problem = trace(model, inputs, target="eager").problem
+    segments = [s for s in chain.find_segments(problem) if s.interior]
+    assert len(segments) >= 2
+    shapes = collections.Counter(chain.cut(problem, s).signature for s in segments)
+    assert max(shapes.values()) >= 2, f"no two segments of {name} share a shape: {shapes}"
+    for s in segments:  # a segment decides only values it alone reads in the forward
+        owned = set(range(s.forward[0], s.forward[1] + 1))
+        for v in s.interior:
+            assert set(problem.forward_users[v]) <= owned
+
+
+def test_a_problem_without_a_backward_has_no_chain() -> None:
+    problem = tiny_gpt(2)
+    forward = Problem(nodes=problem.nodes[:problem.n_forward], name="forward only")
+    assert chain.find_segments(forward) == []
+    assert chain.solve(forward).status is Status.UNKNOWN
+
+
+def test_the_chain_optimum_equals_brute_force_over_its_options() -> None:
+    problem = tiny_gpt(2)
+    built = chain.build_chain(problem, FAST)
+    assert built is not None and built.distinct < len(built.segments)
+    combos = list(itertools.product(*(range(len(o)) for o in built.options)))
+    assert len(combos) > 50
+    replays = [check(problem, built.plan(c)) for c in combos]
+    least = min(r.peak for r in replays)
+    for budget in budgets(problem, least):
+        brute = min(r.added_time for r in replays if r.peak <= budget)
+        result = chain.solve(problem.with_budget(budget), FAST, chain=built)
+        assert result.plan is not None and result.report is not None
+        assert result.report.peak <= budget
+        assert result.objective == pytest.approx(brute, rel=1e-9, abs=1e-12)
+    peak = chain.min_peak(problem, FAST, chain=built)
+    assert peak.report is not None and peak.report.peak == least
+
+
+@pytest.mark.parametrize("n_layer", [2, 3, 4])
+def test_the_chain_plan_is_within_its_margin_of_the_flat_optimum(n_layer: int) -> None:
+    problem = tiny_gpt(n_layer)
+    least = chain.min_peak(problem, FAST).report.peak  # type: ignore[union-attr]
+    for budget in budgets(problem, least):
+        bounded = problem.with_budget(budget)
+        flat = cpsat.solve(bounded, SolverConfig(time_limit=30.0))
+        assert flat.status is Status.OPTIMAL
+        ours = chain.solve(bounded, FAST)
+        assert ours.plan is not None and ours.report is not None and ours.report.fits
+        assert flat.objective - 1e-12 <= ours.objective <= FLAT_MARGIN * flat.objective + 1e-12
+
+
+def test_no_search_ends_dearer_than_checkpointing() -> None:
+    """At checkpointing's own peak, a search given almost no time returns a plan no dearer
+    than checkpointing's, and the least peak found is never above checkpointing's."""
+    problem = tiny_gpt(4)
+    every = checkpoint_every(problem).report
+    assert every is not None
+    rushed = SolverConfig(time_limit=0.01, workers=1)
+    result = cpsat.solve(problem.with_budget(every.peak), rushed)
+    assert result.plan is not None and result.objective <= every.added_time
+    least = cpsat.min_feasible_peak(problem, rushed)
+    assert least.report is not None and least.report.peak <= every.peak
+
+
+def test_chain_seeded_plans_give_eager_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the chain model seeding every search, a binding budget on the eager route gives
+    eager's loss and gradients, and the plan fits."""
+    monkeypatch.setattr(cpsat, "CHAIN_MIN_CANDIDATES", 0)
+    calls: list[Problem] = []
+    solve = chain.solve
+    monkeypatch.setattr(chain, "solve", lambda problem, *a, **k: calls.append(problem) or solve(problem, *a, **k))
+    config = GPTConfig.tiny(n_layer=3)
+    model, inputs = make_gpt(config, batch=2, seed=0)
+    reference = run_step(model, model, inputs)
+    model, inputs = make_gpt(config, batch=2, seed=0)
+    compiled = rematc.compile(model, budget=0.85, compiler="eager", time_limit=5.0)
+    result = run_step(model, compiled, inputs)
+    assert_same_step(reference, result, rtol=1e-5, atol=1e-6)
+    record = rematc.records()[-1]
+    assert record.plan is not None and record.predicted_peak <= record.budget
+    assert calls, "the chain model did not run"
