@@ -16,36 +16,48 @@ peak to saving everything, beside recomputing every interior value (what checkpo
 the segment does) and recomputing the free ones. Segments of the same shape share their
 options: a 32-layer model has a handful of distinct segments, not 64.
 
-The chain model. Let ``R`` be the plan that recomputes every segment's interior and
-``T_R(t)`` its live bytes at step ``t``. Choosing option ``o`` for segment ``s`` changes
-the live bytes by ``D[s,o](t)`` inside its region and by ``K[s,o]`` (its saved bytes,
-less ``R``'s) at every step between its forward and its window, and nowhere else, since
-its values are read only there. Taking these changes to add up, with ``x[s,o]`` choosing
-one option per segment, the model is
+Spans. A *span* is one to ``SPAN`` consecutive segments planned as one: inside it, the
+boundaries between its segments are decided like any value (a span of two layers whose
+middle boundary is recomputed keeps one block input in two). Its options are those of
+its cut; the first, its *reference*, recomputes each segment's interior and saves the
+boundaries inside it.
 
-    minimize    sum_{s,o} time[s,o] * x[s,o]
-    subject to  sum_o x[s,o] = 1                                              for every s
-                T_R(t) + sum_o D[own(t),o](t) x[own(t),o]
-                       + sum_{s alive at t} sum_o K[s,o] x[s,o]  <=  budget    for every step t
+The chain model. Let ``R`` be the plan that recomputes every segment's interior and saves
+every boundary, and ``T_R(t)`` its live bytes at step ``t``. Each step has an *owner*:
+the segment whose forward holds it, or in the backward the segment whose window began
+last. Choosing option ``o`` of span ``I`` changes the live bytes by ``D[I,o](t)`` at the
+steps of its cut (its option's timeline less its reference's), and by ``K[I,o]`` (its
+saved bytes less its reference's) at every step after its forward and before its
+window, and nowhere else, since its values are read only there. Taking these changes to
+add up, with ``x[I,o]`` choosing spans that cover every segment once and one option each,
+and ``S[s]`` the bytes the spans before segment ``s`` keep,
 
-where ``own(t)`` is the segment whose region holds ``t`` and ``s`` is alive at ``t`` when
-``t`` lies between its forward and its window, outside its region. Steps with the same
-owner and the same alive segments share one constraint, at their largest ``T_R + D``,
-so there are about two per segment. CP-SAT solves it exactly; the composed plan goes to
-the checker, which stays the judge. Where the changes do not add up exactly (windows
-that interleave) and the checker finds the plan over budget, the chain model is solved
-again with the budget lowered by the excess.
+    minimize    sum_{I,o} time[I,o] * x[I,o]
+    subject to  sum_{I contains s} sum_o x[I,o] = 1                         for every s
+                S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} sum_o K[I,o] x[I,o]
+                S[s] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget  for every s
 
-Every segment's boundary is saved, so a plan recomputes each value at most once and the
-chain model reaches every plan per-segment checkpointing reaches, and more.
+where ``M[I,o,s]`` is the largest ``T_R(t) + D[I,o](t)`` over the steps ``s`` owns (steps
+no segment owns come after every span's forward and before its window: ``S`` of all
+plus their largest ``T_R``). CP-SAT solves it exactly; the composed plan goes to the
+checker, which stays the judge. Where the changes do not add up exactly (windows that
+interleave) and the checker finds the plan over budget, the chain model is solved again
+with the budget lowered by the excess.
+
+A plan recomputes each value at most once: a boundary recomputed inside a span is
+recomputed with the segment before it for the backward of the segment after it, and that
+segment's values then live until their own backward. The chain model reaches every plan
+per-segment checkpointing reaches (every span one segment at its reference), and the
+plans that keep one boundary in up to ``SPAN``.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
@@ -58,6 +70,7 @@ from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Sta
 from solvers.sat import make_solver
 
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
+SPAN = 4  # segments, at most, planned as one (two layers of a transformer)
 OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
 TIGHTEN = 4  # chain solves at most, each with the budget lowered by the last one's excess
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
@@ -105,6 +118,24 @@ def find_segments(problem: Problem) -> list[Segment]:
     return out
 
 
+def span(problem: Problem, segments: Sequence[Segment], first: int, last: int) -> Segment:
+    """Segments ``first..last`` as one: their interiors and the boundaries between them
+    (those only the span reads in the forward), their windows' hull."""
+    chosen = segments[first:last + 1]
+    lo, hi = chosen[0].forward[0], chosen[-1].forward[1]
+    candidates = set(problem.candidates)
+    inner = [s.forward[1] for s in chosen[:-1]
+             if s.forward[1] in candidates and all(lo <= u <= hi for u in problem.forward_users[s.forward[1]])]
+    windows = [s.window for s in chosen if s.window is not None]
+    window = (min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None
+    inner_reads = [u for b in inner for u in problem.backward_uses[b]]
+    if inner_reads:
+        reads = [*(window or ()), *inner_reads]
+        window = (min(reads), max(reads))
+    interior = tuple(sorted({*(v for s in chosen for v in s.interior), *inner}))
+    return Segment((lo, hi), window, interior)
+
+
 # ---- one segment, cut out ----------------------------------------------------------
 
 
@@ -117,6 +148,7 @@ class Cut:
     problem: Problem
     steps: tuple[int, ...]
     interior: dict[int, int]  # step index -> local index, for the interior
+    boundaries: frozenset[int] = frozenset()  # local indices of the boundaries inside a span
 
     @property
     def signature(self) -> str:
@@ -127,13 +159,27 @@ class Cut:
             h.update(repr((n.op, n.deps, n.backward, size, round(n.time, 15), n.flops,
                            n.recomputable, n.offloadable, n.resident, n.keep, n.reuses,
                            n.reuses_recomputed, n.inline, n.fused)).encode())
-        h.update(repr(sorted(self.interior.values())).encode())
+        h.update(repr((sorted(self.interior.values()), sorted(self.boundaries))).encode())
         return h.hexdigest()
 
 
-def cut(problem: Problem, segment: Segment) -> Cut:
-    """The region of ``segment`` as a problem. Its forward values that are not interior, and
-    every value read after the region, are kept to its end, so they take no decision."""
+def _stand_in(n: Node, saved: bool) -> Node:
+    """What a cut reads from outside. A forward value outside that the reference plan does
+    not save may become a saved value when a recomputation inside reads it, so it keeps
+    its size and is saved when needed (it cannot be recomputed: what it reads is not in
+    the cut). Parameters, inputs, backward values and values the reference saves anyway
+    are resident."""
+    if n.resident or n.backward or saved:
+        return Node(name=f"in:{n.name}", op="input", size=n.size, resident=True)
+    return Node(name=f"in:{n.name}", op="input", size=n.size, recomputable=False, offloadable=False)
+
+
+def cut(problem: Problem, segment: Segment, boundaries: Iterable[int] = (),
+        saved: Collection[int] = ()) -> Cut:
+    """The region of ``segment`` (a span) as a problem. Its forward values that are not
+    interior, and every value read after the region, are kept to its end, so they take no
+    decision. ``boundaries``: its inner boundaries; ``saved``: the values the reference
+    plan saves (both in the step's indices)."""
     region = segment.region
     inside = set(region)
     outside: dict[int, int] = {}  # step value read from outside -> its stand-in's position
@@ -144,8 +190,7 @@ def cut(problem: Problem, segment: Segment) -> Cut:
     local = {g: len(outside) + j for j, g in enumerate(region)}
     local.update(outside)
     interior = set(segment.interior)
-    nodes: list[Node] = [Node(name=f"in:{problem.nodes[d].name}", op="input", size=problem.nodes[d].size,
-                              resident=True) for d in outside]
+    nodes = [_stand_in(problem.nodes[d], d in saved) for d in outside]
     for g in region:
         n = problem.nodes[g]
         read_later = any(u not in inside for u in problem.users[g])
@@ -157,7 +202,8 @@ def cut(problem: Problem, segment: Segment) -> Cut:
         ))
     sub = Problem(nodes=tuple(nodes), budget=None, host_bandwidth=problem.host_bandwidth,
                   name=f"{problem.name}[{segment.forward[0]}:{segment.forward[1]}]")
-    return Cut(sub, (*(-1 - d for d in outside), *region), {g: local[g] for g in segment.interior})
+    return Cut(sub, (*(-1 - d for d in outside), *region), {g: local[g] for g in segment.interior},
+               frozenset(local[b] for b in boundaries if b in interior))
 
 
 # ---- options -------------------------------------------------------------------------
@@ -170,21 +216,24 @@ class Option:
     decisions: dict[int, Decision] = field(hash=False)
     transfers: dict[int, tuple[int, int]] = field(hash=False)
     time: float  # seconds it adds
-    saved: int  # bytes of interior values it keeps from the forward to the backward
+    saved: int  # bytes it keeps from the forward to the backward (the values it reads too)
     timeline: tuple[int, ...]  # the cut's live bytes at each of its steps
     source: str
 
 
 def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
-    """The options of one cut: recompute every interior value (first: the chain model's
-    reference), save them all, recompute the free ones, and CP-SAT's cheapest plan at
-    ``SWEEP`` budgets from the least peak to saving all. Pareto-dominated ones dropped."""
+    """The options of one cut: its reference (recompute every interior value but the inner
+    boundaries; first), save them all, recompute the free ones, recompute all (inner
+    boundaries too), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least peak
+    to saving all. Pareto-dominated ones dropped, the reference kept."""
     from solvers import cpsat  # cpsat seeds its search with this module's plans
 
     p = c.problem
     recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
-    plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable)),
+    plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable - c.boundaries)),
                                      ("save", plan_with(p, set())), ("free", free_plan(p))]
+    if c.boundaries:
+        plans.append(("recompute-all", plan_with(p, recomputable)))
     low = plans[0][1]
     if _in_time(deadline, config):
         least = cpsat.min_feasible_peak(p, replace(config, time_limit=_left(deadline, config)))
@@ -206,10 +255,10 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
     out: list[Option] = []
     for source, plan in plans:
         report = check(p, plan)
-        saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE) if v in c.interior.values())
+        saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE))
         out.append(Option(dict(plan.decisions), {t.node: (t.offload_at, t.reload_at) for t in plan.transfers},
                           report.added_time, saved, report.timeline, source))
-    return _pareto(out)
+    return [out[0], *(o for o in _pareto(out) if o is not out[0])]
 
 
 def _left(deadline: float, config: SolverConfig) -> float:
@@ -227,7 +276,7 @@ def _in_time(deadline: float, config: SolverConfig) -> bool:
 
 def _pareto(opts: list[Option]) -> list[Option]:
     """Drop each option another beats or ties on time, saved bytes and peak (the first of
-    equals stays: the reference, recomputing everything, comes first)."""
+    equals stays)."""
     keyed = [(o.time, o.saved, max(o.timeline, default=0)) for o in opts]
     keep = []
     for i, a in enumerate(keyed):
@@ -242,23 +291,49 @@ def _pareto(opts: list[Option]) -> list[Option]:
 
 @dataclass(frozen=True)
 class Chain:
-    """The chain of a problem and each segment's options, ready for any budget."""
+    """The chain of a problem, its spans and each span's options, ready for any budget."""
 
     problem: Problem
     segments: tuple[Segment, ...]
-    cuts: tuple[Cut, ...]
-    options: tuple[tuple[Option, ...], ...]  # per segment; [0] recomputes its whole interior
-    reference: Report  # the checker's verdict on every segment at its option 0
-    distinct: int  # segments of distinct shapes, each planned once
+    spans: tuple[tuple[int, int], ...]  # first and last segment of each span
+    cuts: tuple[Cut, ...]  # per span
+    options: tuple[tuple[Option, ...], ...]  # per span; [0] is its reference
+    reference: Report  # the checker's verdict on R: every one-segment span at its reference
+    distinct: int  # spans of distinct shapes, each planned once
 
-    def plan(self, choice: Sequence[int]) -> Plan:
-        """The step's plan for one option per segment (an index into each one's options)."""
-        return compose(self.problem, self.cuts, [opts[k] for opts, k in zip(self.options, choice, strict=True)])
+    def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
+        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
+        return compose(self.problem, [self.cuts[i] for i, _ in choice],
+                       [self.options[i][k] for i, k in choice])
+
+    def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
+        """The chain model's live bytes at each step for ``(span, option)`` pairs: ``T_R``,
+        plus each chosen span's change at the steps its segments own (where its cut has
+        them), plus its kept bytes at the steps owned by later segments or by none. Never
+        below the checker's timeline where the changes add up (the tests check it)."""
+        own = owners(self)
+        out = list(self.reference.timeline)
+        for i, k in choice:
+            first, last = self.spans[i]
+            option, ref = self.options[i][k], self.options[i][0]
+            at = {g: j for j, g in enumerate(self.cuts[i].steps) if g >= 0}
+            for t, s in enumerate(own):
+                if s is not None and first <= s <= last:
+                    if t in at:
+                        out[t] += option.timeline[at[t]] - ref.timeline[at[t]]
+                elif s is None or s > last:
+                    out[t] += option.saved - ref.saved
+        return out
+
+    def singles(self) -> list[int]:
+        """The one-segment span of each segment, in order."""
+        by = {first: i for i, (first, last) in enumerate(self.spans) if first == last}
+        return [by[s] for s in range(len(self.segments))]
 
 
 def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
-    the backward reads (boundaries, values several segments read) is saved."""
+    the backward reads (boundaries between spans, values several segments read) is saved."""
     decisions: dict[int, Decision] = {}
     transfers: dict[int, tuple[int, int]] = {}
     for c, o in zip(cuts, chosen, strict=True):
@@ -278,81 +353,106 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> 
 
 def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
                 deadline: float | None = None) -> Chain | None:
-    """The chain of ``problem`` with its segments' options, or None where it has none."""
+    """The chain of ``problem`` with its spans' options, or None where it has none. Spans
+    of one segment are planned first; longer ones, shortest first, while time is left."""
     segments = find_segments(problem)
     if len(segments) < 2:
         return None
     deadline = deadline if deadline is not None else time.perf_counter() + config.time_limit * OPTION_SHARE
-    cuts = tuple(cut(problem, s) for s in segments)
+    interior = {v for seg in segments for v in seg.interior if problem.nodes[v].recomputable}
+    saved = frozenset(plan_with(problem, interior).of(Decision.SAVE))  # by the reference R
+    spans: list[tuple[int, int]] = []
+    cuts: list[Cut] = []
     by_shape: dict[str, list[Option]] = {}
-    for c in cuts:
-        if c.signature not in by_shape:
-            by_shape[c.signature] = options(c, config, deadline=deadline)
+    for length in range(1, SPAN + 1):
+        if length > 1 and not _in_time(deadline, config):
+            break
+        for first in range(len(segments) - length + 1):
+            last = first + length - 1
+            if length > 1 and not any(segments[k].interior for k in range(first, last + 1)):
+                continue  # nothing to decide but boundaries a longer span would hold alone
+            inner = [segments[k].forward[1] for k in range(first, last)]
+            c = cut(problem, span(problem, segments, first, last), inner, saved)
+            if length > 1 and not c.boundaries:
+                continue  # no boundary inside to decide: the one-segment spans say it all
+            if c.signature not in by_shape:
+                if length > 1 and not _in_time(deadline, config):
+                    continue
+                by_shape[c.signature] = options(c, config, deadline=deadline)
+            spans.append((first, last))
+            cuts.append(c)
     opts = tuple(tuple(by_shape[c.signature]) for c in cuts)
-    reference = check(problem.with_budget(None), compose(problem, cuts, [o[0] for o in opts]))
-    return Chain(problem, tuple(segments), cuts, opts, reference, distinct=len(by_shape))
+    singles = [i for i, (a, b) in enumerate(spans) if a == b]
+    reference = check(problem.with_budget(None),
+                      compose(problem, [cuts[i] for i in singles], [opts[i][0] for i in singles]))
+    return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
+                 distinct=len(by_shape))
 
 
-@dataclass(frozen=True)
-class Group:
-    """Steps that share one constraint: the same owner, the same alive segments."""
-
-    owner: int | None
-    alive: tuple[int, ...]
-    steps: tuple[int, ...]
-
-
-def groups(chain: Chain) -> list[Group]:
-    """The steps of the step, grouped by owner and alive segments."""
+def owners(chain: Chain) -> list[int | None]:
+    """The segment that owns each step: the one whose forward holds it; in the backward,
+    the one whose window began last (None before the first window)."""
     p = chain.problem
-    n = len(p.nodes)
-    own: list[int | None] = [None] * n
+    own: list[int | None] = [None] * len(p.nodes)
     for s, seg in enumerate(chain.segments):
-        for t in seg.region:
-            own[t] = s
-    spans = [(seg.forward[1], seg.window[0]) for seg in chain.segments if seg.window is not None]
-    live_segs = [s for s, seg in enumerate(chain.segments) if seg.window is not None]
-    by_key: dict[tuple[int | None, tuple[int, ...]], list[int]] = {}
-    for t in range(n):
-        alive = tuple(s for s, (lo, hi) in zip(live_segs, spans, strict=True)
-                      if lo < t < hi and s != own[t])
-        by_key.setdefault((own[t], alive), []).append(t)
-    return [Group(o, a, tuple(ts)) for (o, a), ts in by_key.items()]
+        own[seg.forward[0]:seg.forward[1] + 1] = [s] * (seg.forward[1] - seg.forward[0] + 1)
+    starts = sorted((seg.window[0], s) for s, seg in enumerate(chain.segments) if seg.window is not None)
+    current: int | None = None
+    k = 0
+    for t in range(p.n_forward, len(p.nodes)):
+        while k < len(starts) and starts[k][0] <= t:
+            current = starts[k][1]
+            k += 1
+        own[t] = current
+    return own
 
 
 def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *,
-                minimize_peak: bool = False) -> tuple[list[int], float, bool] | None:
-    """One option per segment: the least added time within ``budget`` (or, with
-    ``minimize_peak``, the least peak), by CP-SAT on the chain model. Returns the choice,
-    the model's bound (seconds, or bytes for the peak) and whether it is proven optimal;
-    None where the chain model has no solution."""
+                minimize_peak: bool = False) -> tuple[list[tuple[int, int]], float, bool] | None:
+    """Spans covering the chain and one option each: the least added time within
+    ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model.
+    Returns the ``(span, option)`` pairs, the model's bound (seconds, or bytes for the
+    peak) and whether it is proven optimal; None where the chain model has no solution."""
     p = chain.problem
     unit = p.scale.bytes_per_unit
     seconds = p.scale.seconds_per_unit
+    n = len(chain.segments)
     base = chain.reference.timeline
+    own = owners(chain)
+    steps_of: list[list[int]] = [[] for _ in range(n)]
+    unowned: list[int] = []
+    for t, s in enumerate(own):
+        (unowned if s is None else steps_of[s]).append(t)
     local_at = [{g: j for j, g in enumerate(c.steps) if g >= 0} for c in chain.cuts]
-    ref_saved = [opts[0].saved for opts in chain.options]
+
     m = cp_model.CpModel()
-    x = [[m.new_bool_var(f"x{s}_{k}") for k in range(len(opts))] for s, opts in enumerate(chain.options)]
-    for xs in x:
-        m.add_exactly_one(xs)
-    kept = [[(o.saved - ref_saved[s]) // unit for o in opts] for s, opts in enumerate(chain.options)]
-    total_bytes = sum(n.size for n in p.nodes)
-    peak = m.new_int_var(0, total_bytes // unit + 1, "peak")
-    for g in groups(chain):
-        load: list[cp_model.LinearExprT] = []
-        for s in g.alive:
-            load += [k * v for k, v in zip(kept[s], x[s], strict=True) if k]
-        if g.owner is None:
-            top = max(base[t] for t in g.steps)
-            m.add(sum(load) + -(-top // unit) <= peak)
-            continue
-        s = g.owner
-        ref = chain.options[s][0].timeline
-        tops = []
-        for o in chain.options[s]:
-            tops.append(max(base[t] + o.timeline[local_at[s][t]] - ref[local_at[s][t]] for t in g.steps))
-        m.add(sum(load) + sum(-(-top // unit) * v for top, v in zip(tops, x[s], strict=True)) <= peak)
+    x = [[m.new_bool_var(f"x{i}_{k}") for k in range(len(opts))] for i, opts in enumerate(chain.options)]
+    covering: list[list[int]] = [[] for _ in range(n)]
+    ending: list[list[int]] = [[] for _ in range(n)]
+    for i, (first, last) in enumerate(chain.spans):
+        for s in range(first, last + 1):
+            covering[s].append(i)
+        ending[last].append(i)
+    for s in range(n):
+        m.add_exactly_one(v for i in covering[s] for v in x[i])
+    top = sum(nd.size for nd in p.nodes) // unit + 1
+    peak = m.new_int_var(0, top, "peak")
+    kept: cp_model.LinearExprT = 0  # S[s]: what the spans before segment s keep
+    for s in range(n):
+        extra = []
+        for i in covering[s]:
+            ref = chain.options[i][0].timeline
+            at = local_at[i]
+            for o, v in zip(chain.options[i], x[i], strict=True):
+                high = max((base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0)
+                            for t in steps_of[s]), default=0)
+                extra.append(-(-high // unit) * v)
+        m.add(kept + sum(extra) <= peak)
+        saved0 = [chain.options[i][0].saved for i in ending[s]]
+        kept = kept + sum((o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
+                          for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0)
+    if unowned:
+        m.add(kept + -(-max(base[t] for t in unowned) // unit) <= peak)
     if minimize_peak:
         m.minimize(peak)
     else:
@@ -364,7 +464,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *,
     code = solver.solve(m)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    choice = [next(k for k, v in enumerate(xs) if solver.boolean_value(v)) for xs in x]
+    choice = [(i, k) for i, xs in enumerate(x) for k, v in enumerate(xs) if solver.boolean_value(v)]
     bound = solver.best_objective_bound * (unit if minimize_peak else seconds)
     return choice, bound, code == cp_model.OPTIMAL
 
@@ -430,17 +530,16 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: 
 
 
 def describe(chain: Chain) -> Iterable[str]:
-    """One line per distinct segment: where it first appears, how often, its options."""
-    seen: dict[str, int] = {}
-    for c in chain.cuts:
-        seen[c.signature] = seen.get(c.signature, 0) + 1
+    """One line per distinct span: where it first appears, how often, its options."""
+    seen = collections.Counter(c.signature for c in chain.cuts)
     shown: set[str] = set()
-    for seg, c, opts in zip(chain.segments, chain.cuts, chain.options, strict=True):
+    for (first, last), c, opts in zip(chain.spans, chain.cuts, chain.options, strict=True):
         if c.signature in shown:
             continue
         shown.add(c.signature)
-        yield (f"forward {seg.forward[0]}..{seg.forward[1]} x{seen[c.signature]}: "
-               f"{len(seg.interior)} interior values, {len(opts)} options "
+        seg = chain.segments[first]
+        yield (f"segments {first}..{last} (forward from step {seg.forward[0]}) x{seen[c.signature]}: "
+               f"{len(c.interior)} interior values, {len(opts)} options: "
                + ", ".join(f"{o.source} ({o.saved} B, {o.time * 1e3:.3g} ms)" for o in opts))
 
 

@@ -5,7 +5,6 @@ giving eager's gradients, and no search ending dearer than checkpointing."""
 from __future__ import annotations
 
 import collections
-import itertools
 from functools import cache
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import rematc
 from rematc.models import GPTConfig, make_gpt
 from rematc.trace import trace
-from solvers import Problem, SolverConfig, Status, chain, check, cpsat
+from solvers import Decision, Problem, SolverConfig, Status, chain, check, cpsat
 from solvers.baselines import checkpoint_every, save_all
 from tests import realmodels
 from tests.helpers import assert_same_step, run_step
@@ -31,14 +30,14 @@ def tiny_gpt(n_layer: int) -> Problem:
     return trace(model, inputs, target="eager").problem
 
 
-def budgets(problem: Problem, least: int) -> list[int]:
-    """Budgets from 60% to 90% of the way from ``least`` to saving everything."""
+def budgets(problem: Problem, least: int, tenths: tuple[int, ...] = (6, 7, 8, 9)) -> list[int]:
+    """Budgets ``tenths`` of the way from ``least`` to saving everything."""
     top = save_all(problem).report.peak  # type: ignore[union-attr]
-    return [least + (top - least) * k // 10 for k in (6, 7, 8, 9)]
+    return [least + (top - least) * k // 10 for k in tenths]
 
 
 def _resnet() -> realmodels.Example:
-    return realmodels.make_resnet(realmodels.ResNetConfig(image_size=32, widths=(8, 16), depths=(2, 2),
+    return realmodels.make_resnet(realmodels.ResNetConfig(image_size=32, widths=(8, 16), depths=(3, 2),
                                                           n_class=10), batch=4, seed=0)
 
 
@@ -65,29 +64,82 @@ def test_a_problem_without_a_backward_has_no_chain() -> None:
     assert chain.solve(forward).status is Status.UNKNOWN
 
 
-def test_the_chain_optimum_equals_brute_force_over_its_options() -> None:
+def covers(built: chain.Chain) -> list[list[tuple[int, int]]]:
+    """Every choice of spans covering the segments once, with one option each."""
+    starting: dict[int, list[int]] = collections.defaultdict(list)
+    for i, (first, _) in enumerate(built.spans):
+        starting[first].append(i)
+
+    def from_segment(s: int) -> list[list[tuple[int, int]]]:
+        if s == len(built.segments):
+            return [[]]
+        return [[(i, k), *rest] for i in starting[s] for k in range(len(built.options[i]))
+                for rest in from_segment(built.spans[i][1] + 1)]
+
+    return from_segment(0)
+
+
+def test_the_chain_optimum_equals_brute_force_over_its_spans_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CP-SAT finds the chain model's optimum; the model never counts less than the
+    checker, and counts exactly what it counts where every span is one segment."""
+    monkeypatch.setattr(chain, "SPAN", 2)
     problem = tiny_gpt(2)
     built = chain.build_chain(problem, FAST)
-    assert built is not None and built.distinct < len(built.segments)
-    combos = list(itertools.product(*(range(len(o)) for o in built.options)))
-    assert len(combos) > 50
-    replays = [check(problem, built.plan(c)) for c in combos]
-    least = min(r.peak for r in replays)
+    assert built is not None and built.distinct < len(built.spans)
+    assert any(last > first for first, last in built.spans), "no span of several segments"
+    choices = covers(built)
+    assert len(choices) > 1000
+    predicted = [max(built.predict(c)) for c in choices]
+    replays = [check(problem, built.plan(c)) for c in choices]
+    for c, model, replay in zip(choices, predicted, replays, strict=True):
+        assert model >= replay.peak
+        if all(built.spans[i][0] == built.spans[i][1] for i, _ in c):
+            assert model == replay.peak
+    least = min(predicted)
     for budget in budgets(problem, least):
-        brute = min(r.added_time for r in replays if r.peak <= budget)
+        brute = min(r.added_time for m, r in zip(predicted, replays, strict=True) if m <= budget)
         result = chain.solve(problem.with_budget(budget), FAST, chain=built)
         assert result.plan is not None and result.report is not None
         assert result.report.peak <= budget
         assert result.objective == pytest.approx(brute, rel=1e-9, abs=1e-12)
     peak = chain.min_peak(problem, FAST, chain=built)
-    assert peak.report is not None and peak.report.peak == least
+    assert peak.report is not None and peak.report.peak <= least
 
 
-@pytest.mark.parametrize("n_layer", [2, 3, 4])
+def test_the_chain_model_goes_below_checkpointing_and_spans_recompute_their_boundaries() -> None:
+    """Where activations dominate (batch 32, a 16-token vocabulary), the chain's least peak
+    is below checkpointing every block's; a span's "recompute-all" option recomputes the
+    boundaries inside it, and the step's plan it makes passes the checker."""
+    model, inputs = make_gpt(GPTConfig.tiny(n_layer=4, vocab=16), batch=32, seed=0)
+    problem = trace(model, inputs, target="eager").problem
+    built = chain.build_chain(problem, FAST)
+    assert built is not None
+    least = chain.min_peak(problem, FAST, chain=built)
+    every = checkpoint_every(problem).report
+    assert least.report is not None and every is not None
+    assert least.report.peak < every.peak
+    boundaries = {s.forward[1] for s in built.segments}
+    spans = [i for i, (first, last) in enumerate(built.spans) if last > first and built.cuts[i].boundaries]
+    assert spans
+    for i in spans:
+        source = [o.source for o in built.options[i]]
+        if "recompute-all" not in source:
+            continue  # dominated by another option
+        choice = [(j, 0) for j in built.singles() if not built.spans[i][0] <= built.spans[j][0] <= built.spans[i][1]]
+        plan = built.plan([*choice, (i, source.index("recompute-all"))])
+        recomputed = boundaries & set(plan.of(Decision.RECOMPUTE))
+        assert recomputed
+        check(problem, plan)  # raises on a plan that cannot run
+        break
+    else:
+        pytest.fail("no span kept its recompute-all option")
+
+
+@pytest.mark.parametrize("n_layer", [2, 4])
 def test_the_chain_plan_is_within_its_margin_of_the_flat_optimum(n_layer: int) -> None:
     problem = tiny_gpt(n_layer)
     least = chain.min_peak(problem, FAST).report.peak  # type: ignore[union-attr]
-    for budget in budgets(problem, least):
+    for budget in budgets(problem, least, (6, 9)):
         bounded = problem.with_budget(budget)
         flat = cpsat.solve(bounded, SolverConfig(time_limit=30.0))
         assert flat.status is Status.OPTIMAL

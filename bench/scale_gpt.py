@@ -4,9 +4,9 @@ Runs Dynamo, AOTAutograd and Inductor's joint-graph passes exactly as
 ``torch.compile(backend="rematc")`` does, then rematc's partitioner, but skips Inductor's
 code generation (nothing is executed): this measures what rematc adds to a compile.
 
-    python bench/scale.py --layers 12 32 --budget 50%
-    python bench/scale.py --layers 12 --budget 30% --device h100            # with offload
-    python bench/scale.py --layers 12 --budget 30% --device h100 --host-bandwidth 0
+    python bench/scale_gpt.py --layers 12 32 --budget 50%
+    python bench/scale_gpt.py --layers 12 --budget 30% --device h100            # with offload
+    python bench/scale_gpt.py --layers 12 --budget 30% --device h100 --host-bandwidth 0
 """
 
 from __future__ import annotations
