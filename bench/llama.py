@@ -155,3 +155,8 @@ def llama3_405b() -> tuple[Llama, tuple[Tensor, Tensor]]:
 
 def llama3_405b_128k() -> tuple[Llama, tuple[Tensor, Tensor]]:
     return make_llama("llama3-405b", seq_len=131072)
+
+
+def llama_tiny() -> tuple[Llama, tuple[Tensor, Tensor]]:
+    """Four layers of the toy shape on meta: for tests of tracing without the hardware."""
+    return make_llama("tiny", n_layer=4)

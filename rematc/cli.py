@@ -46,7 +46,10 @@ from solvers.sat import MAX_SEED, MAX_WORKERS
 if TYPE_CHECKING:
     from rematc.trace import Traced
 
-SOLVERS = ("cpsat", "greedy", "save_all")
+# cpsat: the default planner; chain: the chain model alone (solvers.chain); checkpoint:
+# keep each segment boundary, recompute the rest (torch.utils.checkpoint around every
+# block); checkpoint-2, -4: keep every 2nd, 4th; greedy; save_all.
+SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "greedy", "save_all")
 DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
 TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
@@ -340,6 +343,15 @@ def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress:
         from solvers.baselines import greedy
 
         return Solved(greedy(problem, config), False, None)
+    if solver.startswith("checkpoint"):
+        from solvers.baselines import checkpoint_every
+
+        _, _, every = solver.partition("-")
+        return Solved(checkpoint_every(problem, config, k=int(every or 1)), False, None)
+    if solver == "chain":
+        from solvers import chain
+
+        return Solved(chain.solve(problem, config), False, None)
     from solvers.progress import solve_watched
 
     if not progress:

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
-from solvers.baselines import free_plan, plan_with, save_all, segment_boundaries
+from solvers.baselines import free_plan, plan_with, segment_boundaries
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Node, Problem
@@ -407,12 +407,13 @@ def owners(chain: Chain) -> list[int | None]:
     return own
 
 
-def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *,
-                minimize_peak: bool = False) -> tuple[list[tuple[int, int]], float, bool] | None:
+def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minimize_peak: bool = False,
+                singles: bool = False) -> tuple[list[tuple[int, int]], float, bool] | None:
     """Spans covering the chain and one option each: the least added time within
-    ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model.
-    Returns the ``(span, option)`` pairs, the model's bound (seconds, or bytes for the
-    peak) and whether it is proven optimal; None where the chain model has no solution."""
+    ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
+    with ``singles``, one-segment spans only. Returns the ``(span, option)`` pairs, the
+    model's bound (seconds, or bytes for the peak) and whether it is proven optimal; None
+    where the chain model has no solution."""
     p = chain.problem
     unit = p.scale.bytes_per_unit
     seconds = p.scale.seconds_per_unit
@@ -426,7 +427,9 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *,
     local_at = [{g: j for j, g in enumerate(c.steps) if g >= 0} for c in chain.cuts]
 
     m = cp_model.CpModel()
-    x = [[m.new_bool_var(f"x{i}_{k}") for k in range(len(opts))] for i, opts in enumerate(chain.options)]
+    x = [[m.new_bool_var(f"x{i}_{k}") for k in range(len(opts))]
+         if not singles or chain.spans[i][0] == chain.spans[i][1] else []
+         for i, opts in enumerate(chain.options)]
     covering: list[list[int]] = [[] for _ in range(n)]
     ending: list[list[int]] = [[] for _ in range(n)]
     for i, (first, last) in enumerate(chain.spans):
@@ -484,21 +487,24 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                                            "options": sum(len(o) for o in chain.options)}
     best: tuple[Plan, Report] | None = None
     target = budget
-    for attempt in range(TIGHTEN):
+    singles = False  # the last try plans one segment at a time: where windows do not
+    # interleave, the model then counts what the checker counts
+    for attempt in range(1, TIGHTEN + 2):
         left = max(0.1, config.time_limit - (time.perf_counter() - t0))
-        chosen = solve_chain(chain, target, replace(config, time_limit=left))
-        if chosen is None:
+        chosen = solve_chain(chain, target, replace(config, time_limit=left), singles=singles)
+        if chosen is not None:
+            plan = chain.plan(chosen[0])
+            report = check(problem, plan)
+            stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=attempt)
+            if report.fits:
+                best = (plan, report)
+                break
+            assert budget is not None and target is not None
+            target = max(0, target - (report.peak - budget))
+        if singles:
             break
-        plan = chain.plan(chosen[0])
-        report = check(problem, plan)
-        stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=attempt + 1)
-        if report.fits:
-            best = (plan, report)
-            break
-        assert budget is not None and target is not None
-        target -= report.peak - budget
-        if target <= 0:
-            break
+        if chosen is None or attempt == TIGHTEN:
+            singles, target = True, budget
     wall = time.perf_counter() - t0
     if best is None:
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf, bound=0.0,
@@ -543,4 +549,4 @@ def describe(chain: Chain) -> Iterable[str]:
                + ", ".join(f"{o.source} ({o.saved} B, {o.time * 1e3:.3g} ms)" for o in opts))
 
 
-__all__ = ["Chain", "Segment", "build_chain", "find_segments", "min_peak", "save_all", "solve"]
+__all__ = ["Chain", "Segment", "build_chain", "find_segments", "min_peak", "solve"]

@@ -107,6 +107,9 @@ def solve_watched(
     """
     restore_sigint()
     t0 = time.perf_counter()
+    known = cpsat.known_only(problem, config)
+    if known is not None:
+        return Watched(known, False, None)
     first: list[Plan] = []  # the best plan of the local search before CP-SAT (single-phase)
 
     def local_best(plan: Plan, seconds: float) -> None:

@@ -12,7 +12,16 @@ import pytest
 import rematc
 from rematc.models import GPTConfig, make_gpt
 from rematc.trace import trace
-from solvers import Decision, Problem, SolverConfig, Status, chain, check, cpsat
+from solvers import (
+    Decision,
+    InfeasibleBudgetError,
+    Problem,
+    SolverConfig,
+    Status,
+    chain,
+    check,
+    cpsat,
+)
 from solvers.baselines import checkpoint_every, save_all
 from tests import realmodels
 from tests.helpers import assert_same_step, run_step
@@ -178,3 +187,40 @@ def test_chain_seeded_plans_give_eager_gradients(monkeypatch: pytest.MonkeyPatch
     record = rematc.records()[-1]
     assert record.plan is not None and record.predicted_peak <= record.budget
     assert calls, "the chain model did not run"
+
+
+@cache
+def meta_llama() -> Problem:
+    """A 4-layer toy Llama traced on meta tensors for the H100 in bf16."""
+    from bench.llama import llama_tiny
+
+    model, inputs = llama_tiny()
+    return trace(model, inputs, device="h100", dtype="bfloat16", target="eager").problem
+
+
+def test_a_model_on_meta_traces_its_backward_with_flash_attention() -> None:
+    problem = meta_llama()
+    ops = {n.op for n in problem.nodes}
+    assert any("flash_attention" in op and "backward" in op for op in ops), sorted(ops)
+    assert not {"aten._softmax", "aten._safe_softmax"} & ops, "attention traced as explicit softmax"
+    assert len([s for s in chain.find_segments(problem) if s.interior]) >= 8
+
+
+def test_large_problems_take_the_best_known_plan_and_state_a_budget_that_works(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past CHAIN_ONLY_CANDIDATES the flat search does not run: the plan is the cheapest
+    known one that fits (never dearer than checkpointing), and a budget none fits raises
+    InfeasibleBudgetError with a smallest budget that then gets a plan."""
+    monkeypatch.setattr(cpsat, "CHAIN_ONLY_CANDIDATES", 0)
+    problem = meta_llama()
+    every = checkpoint_every(problem).report
+    assert every is not None
+    result = cpsat.solve(problem.with_budget(every.peak), FAST)
+    assert result.plan is not None and result.objective <= every.added_time
+    assert result.stats["from"] in ("chain", "greedy", "checkpoint_every_1", "checkpoint_every_2")
+    floor = max(cpsat.baseline(problem))
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        cpsat.solve(problem.with_budget(floor - 1), FAST)
+    least = raised.value.min_feasible
+    assert least is not None and floor <= least <= every.peak
+    assert cpsat.solve(problem.with_budget(least), FAST).plan is not None

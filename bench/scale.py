@@ -1,0 +1,174 @@
+"""Plans for the models people train, beside checkpointing at the same peak.
+
+Llama-2-7B (32 layers), Llama-2-70B (80) and Llama-3-405B (126) shapes from
+``bench/llama.py``, traced on ``meta`` tensors (nothing is allocated) in bf16 under the
+H100 profile, with flash attention, batch 1 at sequence 4096 (and 128K for the 405B).
+The weight gradients are taken as accumulated in place into ``.grad`` buffers that exist
+before the step (as the weights do), so the budgets are about activations.
+
+For each model: the trace (seconds, values, decisions), the least peak any plan can have
+(the bytes every plan holds at some step), the baselines (saving everything, and
+checkpointing every 1, 2 and 4 segments: 2 segments per layer), then at budgets from 70%
+of saving everything down to half of checkpointing every segment: rematc's plan (the
+default planner, as the backend runs it, with its time limit), the chain model's alone,
+and the cheapest baseline that fits. With ``--offload-model``, that model again with a
+50 GB/s host link below checkpointing's peak: recomputation alone against recomputation
+and offload.
+
+    python -m bench.scale --models llama2-7b --cache /tmp/rematc-scale
+    python -m bench.scale --models llama2-7b llama2-70b llama3-405b llama3-405b-128k \\
+        --offload-model llama2-70b --cache /tmp/rematc-scale --out docs/scale.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+from solvers import InfeasibleBudgetError, Problem, SolverConfig, SolveResult, chain, cpsat
+from solvers.baselines import checkpoint_every, save_all
+from solvers.io import load_problem, save_problem
+
+MODELS = {
+    "llama2-7b": ("llama2-7b", {}),
+    "llama2-70b": ("llama2-70b", {}),
+    "llama3-405b": ("llama3-405b", {}),
+    "llama3-405b-128k": ("llama3-405b", {"seq_len": 131072}),
+}
+HOST_LINK = 50e9  # bytes/s each way: PCIe 5 x16 in practice
+FRACTIONS = (0.7, 0.3)  # of saving everything
+OF_CHECKPOINTING = (1.0, 0.75, 0.5)  # of checkpointing every segment
+MIB = 2**20
+
+
+def traced(key: str, cache: Path | None) -> tuple[Problem, float]:
+    """The model's problem and the seconds its trace took (from the cache when there)."""
+    path = cache / f"{key}.json" if cache else None
+    if path is not None and path.exists():
+        problem = load_problem(str(path))
+        return problem, float(problem.meta.get("trace_s", "nan"))
+    from bench.llama import make_llama
+    from rematc.trace import trace
+
+    name, overrides = MODELS[key]
+    t0 = time.perf_counter()
+    model, inputs = make_llama(name, **overrides)
+    problem = trace(model, inputs, device="h100", dtype="bfloat16", target="eager", name=key).problem
+    seconds = time.perf_counter() - t0
+    problem = dataclasses.replace(problem, meta={**problem.meta, "trace_s": f"{seconds:.1f}"})
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_problem(problem, str(path))
+    return problem, seconds
+
+
+def grads_in_place(problem: Problem) -> Problem:
+    """The gradients (values the backward keeps to the end) written into buffers that exist
+    before the step: they hold no budget, like the weights."""
+    nodes = [dataclasses.replace(n, size=0) if n.backward and n.keep else n for n in problem.nodes]
+    return Problem(nodes=tuple(nodes), host_bandwidth=problem.host_bandwidth, name=problem.name,
+                   meta=dict(problem.meta))
+
+
+def baselines(problem: Problem) -> dict[str, SolveResult]:
+    out = {"save all": save_all(problem)}
+    for k in (1, 2, 4):
+        out[f"checkpoint every {k}"] = checkpoint_every(problem, k=k)
+    return out
+
+
+def planned(problem: Problem, budget: int, config: SolverConfig) -> tuple[str, float | None, int | None, float]:
+    """rematc's default planner at ``budget``: status, added seconds, peak, wall seconds."""
+    t0 = time.perf_counter()
+    try:
+        r = cpsat.solve(problem.with_budget(budget), config)
+    except InfeasibleBudgetError as e:
+        least = f" (least found {e.min_feasible / MIB:,.0f} MiB)" if e.min_feasible else ""
+        return "infeasible" + least, None, None, time.perf_counter() - t0
+    if r.report is None:
+        return r.status.value, None, None, time.perf_counter() - t0
+    status = r.status.value + ("" if r.gap == 0 else f", gap {r.gap:.0%}")
+    return status, r.report.added_time, r.report.peak, time.perf_counter() - t0
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def run_model(key: str, args: argparse.Namespace, out: list[str]) -> None:
+    problem, trace_s = traced(key, args.cache)
+    problem = grads_in_place(problem)
+    step = sum(n.time for n in problem.nodes)
+    floor = max(cpsat.baseline(problem), default=0)
+    base = baselines(problem)
+    every = base["checkpoint every 1"].report
+    top = base["save all"].report
+    assert every is not None and top is not None
+    config = SolverConfig(time_limit=args.time_limit)
+    t0 = time.perf_counter()
+    built = chain.build_chain(problem, config)
+    chain_s = time.perf_counter() - t0
+    out += [f"### {key}", "",
+            f"Trace {trace_s:.0f} s; {len(problem.nodes):,} values, {len(problem.candidates):,} decisions; "
+            f"step {step * 1e3:,.0f} ms (estimated); chain: "
+            + (f"{len(built.segments)} segments, {len(built.spans)} spans of {built.distinct} shapes, "
+               f"options in {chain_s:.0f} s" if built else "none")
+            + f". Every plan holds at least {floor / MIB:,.0f} MiB at some step.", "",
+            "| baseline | peak MiB | added ms | added % of step |", "|---|---:|---:|---:|"]
+    for name, r in base.items():
+        rep = r.report
+        assert rep is not None
+        out.append(f"| {name} | {rep.peak / MIB:,.0f} | {ms(rep.added_time)} | {rep.added_time / step:.1%} |")
+    budgets = [(f"{f:.0%} of save-all", int(top.peak * f)) for f in FRACTIONS]
+    budgets += [(f"{f:g} x checkpoint-every-1", int(every.peak * f)) for f in OF_CHECKPOINTING]
+    out += ["", "| budget | MiB | rematc | plan s | added ms | chain model ms | best baseline that fits | its ms |",
+            "|---|---:|---|---:|---:|---:|---|---:|"]
+    for label, budget in sorted(budgets, key=lambda b: -b[1]):
+        status, added, _, wall = planned(problem, budget, config)
+        alone = chain.solve(problem.with_budget(budget), config, chain=built) if built else None
+        fits = [(n, r.report.added_time) for n, r in base.items() if r.report and r.report.peak <= budget]
+        best = min(fits, key=lambda f: f[1], default=None)
+        out.append(f"| {label} | {budget / MIB:,.0f} | {status} | {wall:.0f} | {ms(added)} | "
+                   f"{ms(alone.objective if alone and alone.plan else None)} | "
+                   f"{best[0] if best else '-'} | {ms(best[1] if best else None)} |")
+        print(out[-1], file=sys.stderr, flush=True)
+    if key in args.offload_model:
+        linked = Problem(nodes=problem.nodes, host_bandwidth=HOST_LINK, name=problem.name)
+        out += ["", f"Offload at {HOST_LINK / 1e9:g} GB/s below checkpointing's peak:", "",
+                "| budget | recompute only ms | recompute + offload ms | offloaded MiB |", "|---|---:|---:|---:|"]
+        for f in (0.9, 0.75):
+            budget = int(every.peak * f)
+            _, alone_ms, _, _ = planned(problem, budget, config)
+            try:
+                r = cpsat.solve(linked.with_budget(budget), config)
+                both, moved = r.report.added_time if r.report else None, (r.report.offloaded_bytes if r.report else 0)
+            except InfeasibleBudgetError:
+                both, moved = None, 0
+            out.append(f"| {f:g} x checkpoint-every-1 | {ms(alone_ms)} | {ms(both)} | {moved / MIB:,.0f} |")
+            print(out[-1], file=sys.stderr, flush=True)
+    out.append("")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["llama2-7b"])
+    parser.add_argument("--offload-model", nargs="*", default=[], choices=sorted(MODELS))
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per plan (rematc's default)")
+    parser.add_argument("--cache", type=Path, help="folder for the traced problems (reused when there)")
+    parser.add_argument("--out", type=Path, help="write the tables here (markdown)")
+    args = parser.parse_args()
+    out = [f"Machine: {os.cpu_count()} cores; time limit {args.time_limit:g} s per plan.", ""]
+    for key in args.models:
+        run_model(key, args, out)
+    text = "\n".join(out)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
