@@ -27,6 +27,9 @@ from tests import realmodels
 from tests.helpers import assert_same_step, run_step
 
 FAST = SolverConfig(time_limit=10.0, workers=2)
+# Where a test needs every span's options: the deterministic mode ignores the wall-clock
+# deadline, which a busy machine reaches before the longer spans are planned.
+EVERY_SPAN = SolverConfig(time_limit=10.0, workers=2, deterministic=True)
 # The chain model saves every boundary and decides each segment alone, so on a 2-4 layer
 # GPT (where the flat model proves its optimum) it adds up to 1.85x the flat optimum's
 # time at 60-90% of the way from the least peak to saving everything.
@@ -93,7 +96,7 @@ def test_the_chain_optimum_equals_brute_force_over_its_spans_and_options(monkeyp
     checker, and counts exactly what it counts where every span is one segment."""
     monkeypatch.setattr(chain, "SPAN", 2)
     problem = tiny_gpt(2)
-    built = chain.build_chain(problem, FAST)
+    built = chain.build_chain(problem, EVERY_SPAN)
     assert built is not None and built.distinct < len(built.spans)
     assert any(last > first for first, last in built.spans), "no span of several segments"
     choices = covers(built)
@@ -121,7 +124,7 @@ def test_the_chain_model_goes_below_checkpointing_and_spans_recompute_their_boun
     boundaries inside it, and the step's plan it makes passes the checker."""
     model, inputs = make_gpt(GPTConfig.tiny(n_layer=4, vocab=16), batch=32, seed=0)
     problem = trace(model, inputs, target="eager").problem
-    built = chain.build_chain(problem, FAST)
+    built = chain.build_chain(problem, EVERY_SPAN)
     assert built is not None
     least = chain.min_peak(problem, FAST, chain=built)
     every = checkpoint_every(problem).report
@@ -217,7 +220,8 @@ def test_large_problems_take_the_best_known_plan_and_state_a_budget_that_works(
     assert every is not None
     result = cpsat.solve(problem.with_budget(every.peak), FAST)
     assert result.plan is not None and result.objective <= every.added_time
-    assert result.stats["from"] in ("chain", "greedy", "checkpoint_every_1", "checkpoint_every_2")
+    source = str(result.stats["from"])
+    assert source in ("chain", "greedy") or source.startswith("checkpoint_every_")
     floor = max(cpsat.baseline(problem))
     with pytest.raises(InfeasibleBudgetError) as raised:
         cpsat.solve(problem.with_budget(floor - 1), FAST)
