@@ -270,6 +270,14 @@ def _left(deadline: float, config: SolverConfig) -> float:
     return max(0.05, min(config.time_limit, SUB_LIMIT, deadline - time.perf_counter()))
 
 
+def _rest(config: SolverConfig, started: float) -> float:
+    """What is left of the time limit since ``started``; under ``config.deterministic`` the
+    whole limit (each solve counts its own work, not the wall clock)."""
+    if config.deterministic:
+        return config.time_limit
+    return max(0.1, config.time_limit - (time.perf_counter() - started))
+
+
 def _in_time(deadline: float, config: SolverConfig) -> bool:
     return config.deterministic or time.perf_counter() < deadline
 
@@ -433,6 +441,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     covering: list[list[int]] = [[] for _ in range(n)]
     ending: list[list[int]] = [[] for _ in range(n)]
     for i, (first, last) in enumerate(chain.spans):
+        if not x[i]:
+            continue  # left out (singles)
         for s in range(first, last + 1):
             covering[s].append(i)
         ending[last].append(i)
@@ -462,7 +472,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         if budget is not None:
             m.add(peak <= budget // unit)
         m.minimize(sum(round(o.time / seconds) * v for opts, xs in zip(chain.options, x, strict=True)
-                       for o, v in zip(opts, xs, strict=True)))
+                       if xs for o, v in zip(opts, xs, strict=True)))
     solver = make_solver(replace(config, relative_gap=0.0))
     code = solver.solve(m)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -490,8 +500,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     singles = False  # the last try plans one segment at a time: where windows do not
     # interleave, the model then counts what the checker counts
     for attempt in range(1, TIGHTEN + 2):
-        left = max(0.1, config.time_limit - (time.perf_counter() - t0))
-        chosen = solve_chain(chain, target, replace(config, time_limit=left), singles=singles)
+        chosen = solve_chain(chain, target, replace(config, time_limit=_rest(config, t0)), singles=singles)
         if chosen is not None:
             plan = chain.plan(chosen[0])
             report = check(problem, plan)

@@ -546,7 +546,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
 
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     built = chain.build_chain(problem, config)
-    left = replace(config, time_limit=max(0.1, config.time_limit - (time.perf_counter() - t0)))
+    left = replace(config, time_limit=chain._rest(config, t0))
     found = [greedy(problem, SolverConfig(time_limit=share)),
              *(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY),
              chain.solve(problem, left, chain=built)]
@@ -638,12 +638,14 @@ def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """Plans found without the flat search, each judged by the checker: checkpointing every
     k-th segment (k = 1 is checkpointing every block) and, on problems of at least
     ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
-    ``CHAIN_SHARE`` of the time limit. A plan among them that fits the budget starts
+    ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
     every search, so no search ends on a plan dearer than one of them."""
     from solvers import chain  # it plans each segment with this module
 
     out = [checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY]
-    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES:
+    # Not under ``config.deterministic``: every span would be planned (no wall-clock
+    # deadline), minutes on a 300-value graph.
+    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
         out.append(chain.solve(problem, replace(config, time_limit=config.time_limit * CHAIN_SHARE)))
     return out
 
@@ -742,7 +744,7 @@ def least_known_peaks(problem: Problem, config: SolverConfig) -> list[SolveResul
 
     unbudgeted = problem.with_budget(None)
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
-    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES:
+    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
         plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=config.time_limit * CHAIN_SHARE)).plan)
     out = []
     for plan in plans:

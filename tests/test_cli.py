@@ -717,7 +717,7 @@ def test_baselines_and_the_chain_model_solve_a_model_traced_on_meta(
     rc, _, _ = run(capsys, "export", "bench.llama:llama_tiny", "-o", out, "--device", "h100",
                    "--dtype", "bfloat16", "--target", "eager")
     assert rc == 0
-    rc, text, _ = run(capsys, "solve", out, "--solver", "checkpoint", "--json")
+    rc, text, _ = run(capsys, "solve", out, "--solver", "checkpoint", "--budget", "100%", "--json")
     every = json.loads(text)
     assert rc == 0 and every["status"] == "feasible" and every["solver"] == "checkpoint_every_1"
     assert {"peak_after", "added_time", "status", "solve_time_s"} <= every.keys()
