@@ -111,10 +111,14 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from ortools.sat.python import cp_model
 
 from solvers import anywhere
+
+if TYPE_CHECKING:
+    from solvers import chain as chain_model
 from solvers.baselines import checkpoint_every, greedy
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
@@ -552,15 +556,10 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
              chain.solve(problem, left, chain=built)]
     fitting = [r for r in found if r.plan is not None]
     if not fitting:
-        unbudgeted = problem.with_budget(None)
-        least = [checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY]
-        if built is not None:
-            least.append(chain.min_peak(problem, left, chain=built))
-        low = min((r for r in least if r.plan is not None and r.report is not None),
+        low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
                   key=lambda r: r.report.peak)  # type: ignore[union-attr]
         assert low.report is not None
-        raise InfeasibleBudgetError(problem.budget, check(unbudgeted, low.plan).peak,  # type: ignore[arg-type]
-                                    proven=False, plan=low.plan)
+        raise InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan)
     best = min(fitting, key=lambda r: r.objective)
     return replace(best, status=Status.FEASIBLE, bound=0.0, wall_time=time.perf_counter() - t0,
                    stats={**best.stats, "from": best.solver})
@@ -738,13 +737,18 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     return replace(best, wall_time=time.perf_counter() - t0)
 
 
-def least_known_peaks(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """:func:`known_plans`' least-peak plans, each judged against ``problem``'s budget."""
+def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_model.Chain | None = None
+                      ) -> list[SolveResult]:
+    """:func:`known_plans`' least-peak plans, each judged against ``problem``'s budget;
+    ``built``: the problem's chain model, already built (its least peak is then taken with
+    the whole of ``config``'s time limit)."""
     from solvers import chain
 
     unbudgeted = problem.with_budget(None)
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
-    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
+    if built is not None:
+        plans.append(chain.min_peak(unbudgeted, config, chain=built).plan)
+    elif len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
         plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=config.time_limit * CHAIN_SHARE)).plan)
     out = []
     for plan in plans:
