@@ -182,10 +182,13 @@ class Checkpointed(nn.Module):
 
 def wrap_blocks(model: nn.Module, *, every: int,
                 context_fn: Callable[[], Any] | None = None) -> nn.Module:
-    """Wrap blocks 0, every, 2·every, ... of ``model.blocks`` in :class:`Checkpointed`."""
+    """Wrap blocks 0, every, 2·every, ... of ``model.blocks`` (or ``model.layers``) in
+    :class:`Checkpointed`."""
     blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        blocks = getattr(model, "layers", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__} has no `blocks` ModuleList to checkpoint")
+        raise TypeError(f"{type(model).__name__} has no `blocks` or `layers` ModuleList to checkpoint")
     for i in range(0, len(blocks), every):
         blocks[i] = Checkpointed(blocks[i], context_fn)
     return model

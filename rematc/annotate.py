@@ -28,11 +28,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._prims_common import make_channels_last_strides_for
-from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from rematc._torch_compat import optimization_hint
 from rematc.devices import TRANSCENDENTAL_WEIGHT, DeviceProfile
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,8 @@ recompilations) share its budget (:class:`rematc.partition.BudgetShare`).
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -19,9 +21,13 @@ from torch._dynamo.backends.common import aot_autograd
 
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
+from rematc.generated import recording_peaks
 from rematc.options import Options
 from rematc.partition import BudgetShare, RematPartitioner
 from rematc.reuse import allocate_line, planned_reuse
+from solvers import InfeasibleBudgetError
+
+log = logging.getLogger(__name__)
 
 
 class Backend:
@@ -47,19 +53,7 @@ class Backend:
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         partitioner = RematPartitioner(self.options, self.share)
         if self.options.compiler == "inductor":
-            from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-            inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
-                                       partitioner.lost_donations)
-            if self.options.budget is not None:
-                inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
-            # AOTAutograd's cache would skip the partitioner: no record, and a later graph
-            # of the step planned without what this one holds. Inductor's FX graph cache
-            # (the generated code) and rematc's plan cache still serve.
-            with torch._functorch.config.patch(enable_autograd_cache=False):
-                compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
-                                      config_patches=inductor_patches(self.options, partitioner))
-            return cast(Callable[..., Any], compiled)
+            return self._inductor(gm, example_inputs, partitioner)
         # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
         # no codegen (what the aot_eager backend does, with our partitioner).
         eager = aot_autograd(
@@ -69,6 +63,68 @@ class Backend:
             keep_inference_input_mutations=True,
         )
         return eager(gm, example_inputs)
+
+
+    def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                  partitioner: RematPartitioner) -> Callable[..., Any]:
+        """Compile with Inductor, then hold the budget against the generated code: where
+        its peak (``rematc.generated``) is above the budget, re-plan with the excess taken
+        off, at most :data:`REPLANS` times, then warn with the numbers."""
+        compiled = self._compile_inductor(gm, example_inputs, partitioner)
+        first = partitioner.record
+        if first is None or first.budget is None:
+            return compiled
+        target = first.budget  # this graph's share of the budget, as first planned
+        for _ in range(REPLANS):
+            record = partitioner.record
+            if record is None or record.generated_peak is None:
+                return compiled
+            excess = record.generated_peak - target
+            if excess <= 0:
+                return compiled
+            log.info("rematc: the generated code peaks %d B above the budget (%d B); re-planning "
+                     "with that taken off", excess, target)
+            partitioner.squeeze += excess
+            try:
+                compiled = self._compile_inductor(gm, example_inputs, partitioner)
+            except InfeasibleBudgetError:
+                partitioner.record = record  # the plan compiled last stands
+                break
+        record = partitioner.record
+        if record is not None and record.generated_peak is not None and record.generated_peak > target:
+            warnings.warn(
+                f"rematc: the code Inductor generated peaks at {record.generated_peak} B, "
+                f"{record.generated_peak - target} B above the budget of {target} B (the plan "
+                f"predicted {record.predicted_peak} B with {record.squeezed} B taken off the "
+                f"budget); the peak is at {record.generated_at}", OverBudgetWarning, stacklevel=2)
+        return compiled
+
+    def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                          partitioner: RematPartitioner) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
+                                   partitioner.lost_donations)
+        if self.options.budget is not None:
+            inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
+        inner = recording_peaks(inner, partitioner.generated)
+        # AOTAutograd's cache would skip the partitioner: no record, and a later graph of
+        # the step planned without what this one holds. Inductor's FX graph cache (the
+        # generated code) and rematc's plan cache still serve. The backward compiles now,
+        # not at its first run, so that its code is checked while a re-plan is possible.
+        with torch._functorch.config.patch(enable_autograd_cache=False,
+                                           force_non_lazy_backward_lowering=True):
+            compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
+                                  config_patches=inductor_patches(self.options, partitioner))
+        return cast(Callable[..., Any], compiled)
+
+
+# Re-plans of one graph when its generated code peaks above the budget.
+REPLANS = 2
+
+
+class OverBudgetWarning(UserWarning):
+    """The generated code peaks above the budget after every re-plan."""
 
 
 def inductor_patches(options: Options, partitioner: RematPartitioner) -> dict[str, Any]:

@@ -803,8 +803,14 @@ def _stays_stored(n: fx.Node, kept: set[fx.Node]) -> bool:
 
 
 # Ops Inductor lowers to a pointwise loop that loads its input at computed indices, so an
-# unstored elementwise input is computed inside it (the loss's gather of the log-softmax).
-INDEXED_LOADS = frozenset({"gather"})
+# unstored elementwise input is computed inside it (the loss's gather of the log-softmax;
+# the zeros a slice's or a select's backward scatters into, as in rotary embeddings).
+INDEXED_LOADS = frozenset({"gather", "slice_scatter", "select_scatter"})
+# Ops Inductor lowers as a copy of their first input into a new buffer, then stores into it
+# at computed indices (``index_put``: ``index_put_(clone(x), ...)``): the copy's kernel
+# computes an elementwise input itself (the embedding gradient's zeros).
+COPYING_SCATTERS = frozenset({"index_put", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate",
+                              "scatter", "scatter_add"})
 
 
 def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collection[fx.Node]) -> bool:
@@ -816,7 +822,7 @@ def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collecti
     if costs[u].is_pointwise:
         return True
     return isinstance(u.target, torch._ops.OpOverload) and (
-        torch.Tag.reduction in u.target.tags or u.target._opname in INDEXED_LOADS)
+        torch.Tag.reduction in u.target.tags or u.target._opname in INDEXED_LOADS | COPYING_SCATTERS)
 
 
 # Ops whose results Inductor stores on the CPU when several ops read them
@@ -858,7 +864,12 @@ def inline_values(
     out: set[int] = set()
     for i, group in enumerate(groups):
         if _is_factory(group[0]):
+            # A constant is never worth storing for its readers: Inductor computes it in
+            # each (the zeros several slice backwards scatter into).
             unstored[i] = frozenset()
+            if (not any(_stays_stored(n, kept) for n in group)
+                    and all(_fusible_reader(u, costs, extern) for u in readers_of(group))):
+                out.add(i)
             continue
         reads = frozenset().union(*(unstored.get(d, {d}) for d in deps[i]))
         recomputed = frozenset().union(*(unstored.get(d, through.get(d, {d})) for d in deps[i]))

@@ -24,16 +24,15 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._functorch._aot_autograd.graph_compile import is_opaque_node
 from torch._functorch.compile_utils import raise_getitems
 from torch._functorch.partitioners import (
-    _extract_fwd_bwd_modules,
     _is_primal,
     classify_nodes,
     reordering_to_mimic_autograd_engine,
 )
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
+from rematc._torch_compat import extract_fwd_bwd_modules, is_opaque_node
 from rematc.capture import Captured
 from rematc.offload import OFFLOAD, RELOAD, WAIT
 from solvers import Decision, Plan, Transfer
@@ -78,7 +77,7 @@ def emit(
         at = min(k for k, n in enumerate(saved) if n in group)
         saved = [*saved[:at], group[0], *(n for n in saved[at:] if n not in group)]
     info = classify_nodes(joint, static_lifetime_input_indices, num_fwd_outputs)
-    fw, bw = _extract_fwd_bwd_modules(
+    fw, bw = extract_fwd_bwd_modules(
         joint,
         saved,
         saved_sym_nodes=saved_sym,

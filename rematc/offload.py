@@ -21,8 +21,12 @@ Emitted pattern for an offloaded value ``x`` (see :func:`rematc.emit.emit`)::
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch.fx.node import has_side_effect
+
+from rematc._torch_compat import has_ao_offload
 
 _lib = torch.library.Library("rematc", "DEF")
 # The wait returns its first argument (an alias, like ao::wait_tensor), so it cannot be
@@ -38,9 +42,10 @@ def _on_accelerator(t: torch.Tensor) -> bool:
 def offload(tensor: torch.Tensor) -> torch.Tensor:
     """Start copying ``tensor`` to host memory (pinned, on a transfer stream on CUDA)."""
     if _on_accelerator(tensor):
-        from torch._functorch._activation_offloading import offload_ops  # noqa: F401  (registers ao::)
-
-        return torch.ops.ao.offload(tensor)
+        if has_ao_offload():
+            return torch.ops.ao.offload(tensor)
+        return _Transfers.start(tensor, torch.empty_strided(
+            tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu", pin_memory=True))
     return tensor.clone()
 
 
@@ -53,9 +58,10 @@ def _(tensor: torch.Tensor) -> torch.Tensor:
 def reload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Start copying host ``tensor`` back to ``device``."""
     if device.type not in ("cpu", "meta"):
-        from torch._functorch._activation_offloading import offload_ops  # noqa: F401
-
-        return torch.ops.ao.reload(tensor, device, list(tensor.shape), list(tensor.stride()))
+        if has_ao_offload():
+            return torch.ops.ao.reload(tensor, device, list(tensor.shape), list(tensor.stride()))
+        return _Transfers.start(tensor, torch.empty_strided(
+            tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device))
     return tensor.clone()
 
 
@@ -69,8 +75,48 @@ def _wait(tensor: torch.Tensor, keepalive: torch.Tensor) -> torch.Tensor:
     """Wait for the copy that made ``tensor``, then free ``keepalive`` (its source) where
     a copy engine was involved; on the CPU the source dies with its last use."""
     if _on_accelerator(tensor) or _on_accelerator(keepalive):
-        return torch.ops.ao.wait_tensor.default(tensor, keepalive)
+        if has_ao_offload():
+            return torch.ops.ao.wait_tensor.default(tensor, keepalive)
+        return _Transfers.wait(tensor, keepalive)
     return tensor
+
+
+class _Transfers:
+    """The copy mechanics where torch has no ``ao::`` offload ops (before 2.13), on CUDA:
+    one transfer stream per device, a completion event per copy keyed by the destination's
+    address, and a wait that makes the compute stream wait for it and frees the source."""
+
+    streams: ClassVar[dict[torch.device, torch.cuda.Stream]] = {}
+    pending: ClassVar[dict[int, torch.cuda.Event]] = {}
+
+    @classmethod
+    def start(cls, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
+        device = source.device if _on_accelerator(source) else destination.device
+        stream = cls.streams.get(device)
+        if stream is None:
+            stream = cls.streams[device] = torch.cuda.Stream(device)
+        # The destination is allocated on the compute stream, which uses it only after the
+        # wait; the copy starts once the compute stream has made the source.
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            destination.copy_(source, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        cls.pending[destination.data_ptr()] = done
+        return destination
+
+    @classmethod
+    def wait(cls, tensor: torch.Tensor, keepalive: torch.Tensor) -> torch.Tensor:
+        done = cls.pending.pop(tensor.data_ptr(), None)
+        if done is None:
+            raise RuntimeError("rematc.wait: no copy in flight into this tensor; every wait "
+                               "follows its offload or reload")
+        device = tensor.device if _on_accelerator(tensor) else keepalive.device
+        torch.cuda.current_stream(device).wait_event(done)
+        storage = keepalive.untyped_storage()
+        if storage.size() > 0:  # the source is dead once its copy has landed
+            storage.resize_(0)
+        return tensor
 
 
 @torch.library.register_fake("rematc::wait")

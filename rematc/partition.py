@@ -37,16 +37,17 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_
 from torch.fx.experimental.symbolic_shapes import (
     ShapeEnv,
     free_unbacked_symbols,
-    optimization_hint,
 )
 
 from rematc import plancache
+from rematc._torch_compat import optimization_hint
 from rematc.annotate import NodeCost, annotate
 from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import expected_donations
 from rematc.emit import emit, verify
 from rematc.errors import NoPlanError, SolverError
+from rematc.generated import CodePeak
 from rematc.options import Options
 from rematc.reuse import Room, room_of
 from solvers import (
@@ -108,6 +109,14 @@ class PartitionRecord:
     undonated: int = 0
     checkpointed: int = 0  # values the model's own checkpointing recomputes
     overrides: tuple[str, ...] = ()  # of those, the ones this plan keeps instead
+    # Bytes: the step's peak in the code Inductor generated for this plan
+    # (rematc.generated), set when the backward compiles; None off Inductor.
+    generated_peak: int | None = None
+    generated_at: str = ""  # the generated statement at that peak
+    generated_alive: tuple[tuple[str, int], ...] = ()  # its largest live buffers (name, bytes)
+    # Bytes the post-compile check took off the budget before this plan: the generated
+    # code of an earlier plan of this graph peaked above the budget by that much.
+    squeezed: int = 0
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -283,6 +292,10 @@ class RematPartitioner(CustomPartitionerFn):
         # The saved values the last plan needs donated (rematc.donation), and its record.
         self.donations: dict[str, int] = {}
         self.record: PartitionRecord | None = None
+        # Bytes taken off the budget by the post-compile check (Backend), and this graph's
+        # key in the share, kept so that a re-plan of it is not taken for a new graph.
+        self.squeeze = 0
+        self._graph: tuple[tuple[int, int] | None] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RematPartitioner:
         return self
@@ -293,17 +306,34 @@ class RematPartitioner(CustomPartitionerFn):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["options"])  # type: ignore[misc]
 
-    def lost_donations(self, gone: dict[str, int]) -> None:
-        """Note on the last plan's record the bytes of its donations that did not come
-        (``rematc.donation``)."""
+    def _amend(self, **changes: Any) -> PartitionRecord | None:
+        """Replace the last plan's record (here and in ``records()``) by one with
+        ``changes``; None before a plan."""
         old = self.record
         if old is None:
-            return
-        new = replace(old, undonated=sum(gone.values()))
+            return None
+        new = replace(old, **changes)
         self.record = new
         for i, r in enumerate(_RECORDS):
             if r is old:
                 _RECORDS[i] = new
+        return new
+
+    def generated(self, peak: CodePeak) -> None:
+        """Note on the last plan's record the peak of the code Inductor generated for it
+        (``rematc.generated``)."""
+        new = self._amend(generated_peak=peak.peak, generated_at=peak.where,
+                          generated_alive=peak.alive)
+        if new is not None:
+            log.info("rematc: the generated code peaks at %d B (predicted %d B, budget %s B) at %s",
+                     peak.peak, new.predicted_peak, new.budget, peak.where)
+
+    def lost_donations(self, gone: dict[str, int]) -> None:
+        """Note on the last plan's record the bytes of its donations that did not come
+        (``rematc.donation``)."""
+        new = self._amend(undonated=sum(gone.values()))
+        if new is None:
+            return
         log.info("rematc: %d B of saved values the plan lets the backward write over were not "
                  "donated (%s): the peak may exceed the predicted %d B by that much",
                  new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
@@ -363,12 +393,14 @@ class RematPartitioner(CustomPartitionerFn):
                                         num_fwd_outputs=num_fwd_outputs, static=static)
         unconstrained = save_all(captured.problem).report
         assert unconstrained is not None
-        graph = self.share.graph()
+        if self._graph is None:
+            self._graph = (self.share.graph(),)
+        graph = self._graph[0]
         budget, held = None, 0
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:
-            budget = self.options.budget.resolve(unconstrained.peak)
+            budget = max(0, self.options.budget.resolve(unconstrained.peak) - self.squeeze)
             if self.options.budget.nbytes is not None:
                 held = self.share.held_before(graph)
         # Saving everything is right at every shape; a plan under a budget is bounded.
@@ -415,7 +447,7 @@ class RematPartitioner(CustomPartitionerFn):
             recomputed=emitted.recomputed, problem=problem, plan=result.plan,
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds,
-            checkpointed=len(checkpointed), overrides=overrides,
+            checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze,
         )
         _RECORDS.append(record)
         self.record = record

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from bench import configs, models, run
+from rematc._torch_compat import TORCH
 from solvers import check, save_all
 from solvers.problem import chain_problem
 from tests.helpers import run_bench
@@ -59,7 +59,8 @@ def test_harness_writes_tables_plot_and_machine(tmp_path: Path) -> None:
 # torch.utils.checkpoint's selective mode replays every op of a region from its cache and
 # finds transformers' layers calling a slice in the recomputation that the forward's cache
 # does not hold ("aten.slice.Tensor ... not found in storage"), in eager mode and compiled.
-SAC_FAILS = pytest.mark.xfail(raises=RuntimeError, strict=True,
+# torch 2.11 does not have the fault.
+SAC_FAILS = pytest.mark.xfail(TORCH >= (2, 13), raises=RuntimeError, strict=True,
                               reason="selective checkpointing of transformers' layers: not found in storage")
 CHECKPOINTED = [
     pytest.param(name, config, marks=SAC_FAILS if name.startswith("hf_") and config.startswith("sac") else ())

@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 CONFIG = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=256, vocab=2048, dropout=0.1)
-SLACK = 1.05  # allocator rounding and workspace the model does not count
+SLACK = 1.01  # the caching allocator rounds each block up to 512 bytes
 
 
 def step(budget: float, host_bandwidth: float | None) -> tuple[int, rematc.PartitionRecord]:
@@ -38,23 +38,59 @@ def step(budget: float, host_bandwidth: float | None) -> tuple[int, rematc.Parti
     return peak, rematc.records()[-1]
 
 
-# Fractions of the everything-saved peak. The plan without a budget (free recomputations)
-# peaks at about 41% of it on an H100, so 80% takes that plan and 36% / 30% make CP-SAT
-# plan for the budget. Measured on an H100 (torch 2.11, the GPU image's): 0.94-1.01 of the
-# predicted peak at these; at 25% 1.06-1.10, over its budget (docs/benchmarks.md, GPU).
-@pytest.mark.parametrize("budget", [0.8, 0.36, 0.3])
+# Fractions of the everything-saved peak that bind: the plan without a budget (free
+# recomputations) peaks at about 41% of it on an H100. Measured on an H100: docs/gpu.md.
+@pytest.mark.parametrize("budget", [0.3])
 @pytest.mark.parametrize("offload", [False, True], ids=["recompute-only", "with-offload"])
 def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
                                           same_random_as_eager: None) -> None:
     peak, record = step(budget, None if offload else 0.0)
     assert record.budget is not None and record.plan is not None
-    print(f"budget {budget:.0%} = {record.budget} B: predicted {record.predicted_peak} B, "
-          f"measured {peak} B, offloaded {len(record.plan.of(Decision.OFFLOAD))}, "
-          f"recomputed {len(record.plan.of(Decision.RECOMPUTE))}, "
-          f"not donated {record.undonated} B")
-    assert peak <= record.budget * SLACK, f"measured {peak} B; {record.undonated} B were not donated"
+    asked = record.budget + record.squeezed
+    print(f"budget {budget:.0%} = {asked} B: predicted {record.predicted_peak} B, generated "
+          f"{record.generated_peak} B, measured {peak} B, offloaded "
+          f"{len(record.plan.of(Decision.OFFLOAD))}, recomputed "
+          f"{len(record.plan.of(Decision.RECOMPUTE))}, not donated {record.undonated} B")
+    assert peak <= asked * SLACK, f"measured {peak} B; {record.undonated} B were not donated"
+    assert abs(peak / record.predicted_peak - 1) <= 0.05
     if not offload:
         assert not record.plan.of(Decision.OFFLOAD)
+
+
+class CheckpointedDropout(torch.nn.Module):
+    """Dropout and a layer under the model's own activation checkpointing, which rematc
+    honours without a budget: the backward recomputes the dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests.test_rng import DropoutNet
+
+        self.inner = DropoutNet()
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.utils.checkpoint.checkpoint(self.inner, h, use_reentrant=False)
+
+
+def recomputed_dropout_masks(device: str) -> tuple[rematc.PartitionRecord, torch.Tensor, torch.Tensor]:
+    """The forward's dropout mask and the one the backward used (the input's gradient is
+    zero exactly where the mask dropped), with the record of the plan."""
+    torch.manual_seed(0)
+    model = CheckpointedDropout().to(device)
+    h = torch.randn(512, 64, device=device, requires_grad=True)
+    loss, dropped = rematc.compile(model)(h)
+    loss.backward()
+    assert h.grad is not None
+    return rematc.records()[-1], dropped != 0, h.grad != 0
+
+
+def test_recomputed_dropout_replays_the_forward_mask_on_cuda() -> None:
+    """Inductor's CUDA dropout draws from a counter-based generator seeded once per step;
+    recomputed in the backward from the saved seed, it gives the forward's mask."""
+    record, forward_mask, backward_mask = recomputed_dropout_masks("cuda")
+    assert [n for n in record.recomputed if "inductor_random" in n], record.recomputed
+    assert not [n for n in record.saved if "inductor_random" in n], record.saved
+    assert torch.equal(forward_mask, backward_mask)
+    assert 0.3 < forward_mask.float().mean().item() < 0.7
 
 
 @pytest.mark.slow

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# rematc on one NVIDIA GPU, from a bare machine with torch installed and no network:
+# the GPU tests, then bench/gpu_check.py on the test GPT, gpt2_sdpa and a Llama-7B-shaped
+# stack (offload against recompute-only). Results (Markdown and CSV, and each part's log)
+# go into the folder given as the first argument, the parts' output into parts.log there.
+#
+#   bash bench/gpu_check.sh OUT [WHEELS [PART...]]
+#
+# PARTS: gpt2_sdpa gpt_test gpt_dropout llama_offload tests (all by default).
+# WHEELS (default .whl) holds wheels of what the machine lacks (ortools, immutabledict,
+# protobuf); they are installed into a scratch folder put first on PYTHONPATH. Each part
+# has its own time limit, so the whole run ends within 8 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash bench/gpu_check.sh OUT [WHEELS [PART...]]}
+wheels=${2:-.whl}
+shift $(($# < 2 ? $# : 2))
+parts=${*:-gpt2_sdpa gpt_test gpt_dropout llama_offload tests}
+mkdir -p "$out"
+start=$SECONDS
+
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rematc-site "$wheels"/*.whl \
+        || exit 1
+    export PYTHONPATH=/tmp/rematc-site:.
+else
+    export PYTHONPATH=.
+fi
+export PYTHONUNBUFFERED=1
+python3 -c "import torch, ortools, rematc; print('torch', torch.__version__, torch.cuda.get_device_name())" \
+    2>&1 || exit 1
+
+part() {  # part NAME SECONDS COMMAND...: one part under its time limit, its log in OUT
+    local name=$1 limit=$2; shift 2
+    [[ " $parts " == *" $name "* ]] || return 0
+    echo "== $name (limit ${limit} s, at $((SECONDS - start)) s)"
+    echo "== $name" >>"$out/parts.log"
+    timeout "$limit" "$@" >"$out/$name.part" 2>&1
+    echo "== $name: exit $? after $((SECONDS - start)) s"
+    cat "$out/$name.part" >>"$out/parts.log"
+    grep -v "^ *\(warnings.warn\|planned, problem\)" "$out/$name.part" | tail -n 25
+    rm -f "$out/$name.part"
+}
+
+part gpt2_sdpa 150 python3 -m bench.gpu_check "$out" --model gpt2_sdpa --deadline 110
+part gpt_test 100 python3 -m bench.gpu_check "$out" --model gpt_test --deadline 65
+part gpt_dropout 60 python3 -m bench.gpu_check "$out" --model gpt_dropout --deadline 35
+part llama_offload 80 python3 -m bench.gpu_check "$out" --model llama_offload --deadline 45
+part tests 70 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not harness"
+echo "== done in $((SECONDS - start)) s"
