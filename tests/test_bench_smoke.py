@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import configs, models, run
 from rematc._torch_compat import TORCH
