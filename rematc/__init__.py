@@ -23,8 +23,9 @@ from solvers import InfeasibleBudgetError
 from solvers.budget import Budget, parse_budget
 
 if TYPE_CHECKING:
-    from rematc.backend import Backend, compile, rematc_backend
+    from rematc.backend import Backend, OverBudgetWarning, compile, rematc_backend
     from rematc.donation import DonationWarning
+    from rematc.generated import GeneratedCodeWarning
     from rematc.partition import (
         BudgetWarning,
         GraphBreakWarning,
@@ -39,7 +40,9 @@ _LAZY = {
     "Backend": "rematc.backend",
     "compile": "rematc.backend",
     "rematc_backend": "rematc.backend",
+    "OverBudgetWarning": "rematc.backend",
     "DonationWarning": "rematc.donation",
+    "GeneratedCodeWarning": "rematc.generated",
     "BudgetWarning": "rematc.partition",
     "GraphBreakWarning": "rematc.partition",
     "PartitionRecord": "rematc.partition",
@@ -71,10 +74,12 @@ __all__ = [
     "BudgetWarning",
     "DeviceProfile",
     "DonationWarning",
+    "GeneratedCodeWarning",
     "GraphBreakWarning",
     "InfeasibleBudgetError",
     "NoPlanError",
     "Options",
+    "OverBudgetWarning",
     "PartitionRecord",
     "RematcError",
     "SolverError",
