@@ -1,7 +1,12 @@
-"""Private torch APIs rematc uses whose spelling differs between the torch releases it
-supports (2.11 to 2.14). Each name here is one version gate; import it from here, never
-from torch directly. Names that every supported torch spells the same stay where they are
-used until they need a gate.
+"""Every private torch API rematc uses, in one place (torch 2.11 to 2.14).
+
+The other modules import these names from here, never from torch's private modules, so
+that a torch release that moves or changes one breaks here, at import, with the version
+gate beside it. Names every supported torch spells the same are plain re-exports; the
+functions below them are the version gates. Inductor internals read only while a compile
+runs (its scheduler, wrapper codegen and graph lowering) are imported where they are used,
+by the modules that patch Inductor (``fusion``, ``reuse``) and the capture's
+layout rules.
 """
 
 from __future__ import annotations
@@ -12,12 +17,75 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import partitioners as _partitioners
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.compile_utils import fx_graph_cse, raise_getitems
+from torch._functorch.partitioners import (
+    _extract_fwd_bwd_outputs as extract_fwd_bwd_outputs,
+)
+from torch._functorch.partitioners import _is_bwd_seed_offset as is_bwd_seed_offset
+from torch._functorch.partitioners import _is_fwd_seed_offset as is_fwd_seed_offset
+from torch._functorch.partitioners import _is_primal as is_primal
+from torch._functorch.partitioners import _is_tangent as is_tangent
+from torch._functorch.partitioners import (
+    classify_nodes,
+    force_save_bw_mutation_src,
+    force_save_collectives,
+    force_save_effectful_ops,
+    reordering_to_mimic_autograd_engine,
+)
+from torch._guards import CompileContext, TracingContext, detect_fake_mode
+from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
+from torch._inductor.utils import is_gpu, is_pointwise_use
+from torch._prims_common import is_expandable_to, make_channels_last_strides_for
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import symbolic_shapes as _symbolic_shapes
+from torch.fx.experimental.proxy_tensor import is_sym_node
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
 
 __all__ = [
-    "TORCH", "extract_fwd_bwd_modules", "has_ao_offload", "is_opaque_node", "optimization_hint",
+    "TORCH",
+    "CompileContext",
+    "CustomPartitionerFn",
+    "FakeTensorMode",
+    "ShapeEnv",
+    "StorageWeakRef",
+    "TracingContext",
+    "aot_autograd",
+    "classify_nodes",
+    "detect_fake_mode",
+    "extract_fwd_bwd_modules",
+    "extract_fwd_bwd_outputs",
+    "force_save_bw_mutation_src",
+    "force_save_collectives",
+    "force_save_effectful_ops",
+    "free_unbacked_symbols",
+    "functorch_config",
+    "fx_graph_cse",
+    "get_hash_for_files",
+    "has_ao_offload",
+    "is_bwd_seed_offset",
+    "is_expandable_to",
+    "is_fwd_seed_offset",
+    "is_gpu",
+    "is_opaque_node",
+    "is_pointwise_use",
+    "is_primal",
+    "is_sym_node",
+    "is_tangent",
+    "make_boxed_func",
+    "make_channels_last_strides_for",
+    "optimization_hint",
+    "raise_getitems",
+    "reordering_to_mimic_autograd_engine",
+    "tree_leaves",
+    "tree_map",
+    "tree_map_only",
 ]
 
 TORCH: tuple[int, int] = tuple(int(p) for p in torch.__version__.split(".")[:2])  # type: ignore[assignment]
@@ -58,14 +126,14 @@ def extract_fwd_bwd_modules(joint: fx.GraphModule, saved: Sequence[fx.Node], *,
     """The partitioner's forward and backward modules for a choice of saved values.
     Torch before 2.13 cannot save script objects for the backward."""
     if _TAKES_OPAQUE:
-        return _partitioners._extract_fwd_bwd_modules(  # type: ignore[no-any-return]
-            joint, saved, saved_sym_nodes=saved_sym_nodes, saved_opaque_nodes=saved_opaque_nodes,
-            **kwargs)
+        return _partitioners._extract_fwd_bwd_modules(
+            joint, list(saved), saved_sym_nodes=list(saved_sym_nodes),
+            saved_opaque_nodes=list(saved_opaque_nodes), **kwargs)
     if saved_opaque_nodes:
         raise NotImplementedError(
             f"rematc: saving script objects for the backward needs torch 2.13 (this is {torch.__version__})")
-    return _partitioners._extract_fwd_bwd_modules(  # type: ignore[no-any-return]
-        joint, saved, saved_sym_nodes=saved_sym_nodes, **kwargs)
+    return _partitioners._extract_fwd_bwd_modules(
+        joint, list(saved), saved_sym_nodes=list(saved_sym_nodes), **kwargs)
 
 
 @functools.cache

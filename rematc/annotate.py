@@ -27,12 +27,15 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._prims_common import make_channels_last_strides_for
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
-from rematc._torch_compat import optimization_hint
+from rematc._torch_compat import (
+    StorageWeakRef,
+    make_channels_last_strides_for,
+    optimization_hint,
+    tree_leaves,
+    tree_map,
+)
 from rematc.devices import TRANSCENDENTAL_WEIGHT, DeviceProfile
 
 log = logging.getLogger(__name__)

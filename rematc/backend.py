@@ -11,21 +11,24 @@ recompilations) share its budget (:class:`rematc.partition.BudgetShare`).
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
 import torch.fx as fx
-from torch._dynamo.backends.common import aot_autograd
 
+from rematc._torch_compat import aot_autograd, functorch_config
+from rematc.devices import DeviceProfile
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
 from rematc.generated import recording_peaks
-from rematc.options import Options
+from rematc.options import CACHE_AUTO, Options
 from rematc.partition import BudgetShare, RematPartitioner
 from rematc.reuse import allocate_line, planned_reuse
 from solvers import InfeasibleBudgetError
+from solvers.budget import Budget
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ class Backend:
         # the step planned without what this one holds. Inductor's FX graph cache (the
         # generated code) and rematc's plan cache still serve. The backward compiles now,
         # not at its first run, so that its code is checked while a re-plan is possible.
-        with torch._functorch.config.patch(enable_autograd_cache=False,
+        with functorch_config.patch(enable_autograd_cache=False,
                                            force_non_lazy_backward_lowering=True):
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
@@ -177,14 +180,37 @@ def _boxed_eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[
     return run
 
 
-def compile(model: torch.nn.Module | Callable[..., Any], *, budget: object = None,
-            **options: Any) -> Any:
+def compile(
+    model: torch.nn.Module | Callable[..., Any],
+    *,
+    budget: int | float | str | Budget | None = None,
+    compiler: str = "inductor",
+    device: str | DeviceProfile | None = None,
+    host_bandwidth: float | None = None,
+    verify: bool = True,
+    cache_dir: str | os.PathLike[str] | None = CACHE_AUTO,
+    time_limit: float | None = None,
+    workers: int | None = None,
+    seed: int | None = None,
+    gap: float | None = None,
+    step_gap: float | None = None,
+    stall_time: float | None = None,
+    deterministic: bool | None = None,
+    dynamic: bool | None = None,
+    fullgraph: bool = False,
+    **unknown: Any,
+) -> Callable[..., Any]:
     """``torch.compile`` with the rematc backend: ``rematc.compile(model, budget="2GiB")``.
 
-    ``options`` are those of ``torch.compile(..., options=...)`` for rematc: compiler,
-    device, host_bandwidth, verify, cache_dir, time_limit, workers, seed, gap, step_gap,
-    stall_time, deterministic. Keyword ``dynamic``/``fullgraph`` go to torch.compile.
-    """
-    compile_kwargs = {k: options.pop(k) for k in ("dynamic", "fullgraph") if k in options}
-    opts = Options.from_mapping({"budget": budget, **options})
-    return torch.compile(model, backend=Backend(opts), **compile_kwargs)
+    The options are those of ``torch.compile(..., options=...)`` for rematc
+    (:meth:`Options.from_mapping`; the solver's left as None take their defaults);
+    ``dynamic`` and ``fullgraph`` go to ``torch.compile``. An unknown keyword raises
+    ``ValueError`` naming the closest option."""
+    solver = {"time_limit": time_limit, "workers": workers, "seed": seed, "gap": gap,
+              "step_gap": step_gap, "stall_time": stall_time, "deterministic": deterministic}
+    opts = Options.from_mapping({
+        "budget": budget, "compiler": compiler, "device": device, "host_bandwidth": host_bandwidth,
+        "verify": verify, "cache_dir": cache_dir,
+        **{k: v for k, v in solver.items() if v is not None}, **unknown})
+    return cast(Callable[..., Any],
+                torch.compile(model, backend=Backend(opts), dynamic=dynamic, fullgraph=fullgraph))

@@ -28,20 +28,23 @@ from typing import NamedTuple
 
 import torch
 import torch.fx as fx
-from torch._functorch.partitioners import (
-    _extract_fwd_bwd_outputs,
-    _is_bwd_seed_offset,
-    _is_fwd_seed_offset,
-    _is_primal,
-    _is_tangent,
-    classify_nodes,
-)
-from torch._inductor.utils import is_gpu, is_pointwise_use
-from torch._prims_common import is_expandable_to, make_channels_last_strides_for
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_map_only
 from torch.utils.checkpoint import CheckpointPolicy
 
+from rematc._torch_compat import (
+    StorageWeakRef,
+    classify_nodes,
+    extract_fwd_bwd_outputs,
+    functorch_config,
+    is_bwd_seed_offset,
+    is_expandable_to,
+    is_fwd_seed_offset,
+    is_gpu,
+    is_pointwise_use,
+    is_primal,
+    is_tangent,
+    make_channels_last_strides_for,
+    tree_map_only,
+)
 from rematc.annotate import (
     META_KEY,
     NodeCost,
@@ -79,7 +82,7 @@ def capture(
 ) -> Captured:
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     nodes: list[fx.Node] = [n for n in joint.graph.nodes if n.op != "output"]
-    fwd = {n for n in nodes if n in info.required_fw_nodes or _is_primal(n) or _is_fwd_seed_offset(n)}
+    fwd = {n for n in nodes if n in info.required_fw_nodes or is_primal(n) or is_fwd_seed_offset(n)}
     # An element of a forward multi-output op is forward too, even when only the backward
     # reads it: the tuple itself cannot cross into the backward, its elements can.
     fwd |= {n for n in nodes if n.target is operator.getitem and n.args[0] in fwd}
@@ -92,7 +95,7 @@ def capture(
     # nodes aliasing them (a transposed weight, an in-place buffer update) need no
     # grouping: each stays its own zero-byte value with its own inputs and position.
     for n, o in owner.items():
-        if o.op == "placeholder" and (_is_primal(o) or _is_fwd_seed_offset(o)):
+        if o.op == "placeholder" and (is_primal(o) or is_fwd_seed_offset(o)):
             owner[n] = n
     # A backward op with a workspace hands each of its outputs to a value of its own (its
     # element), so its own value, the outputs and the workspace together, lives only
@@ -176,7 +179,7 @@ def capture(
                 recomputable=(_recomputable(group, costs) and not stale.intersection(group)
                               and head not in elements.statistics),
                 offloadable=_offloadable(group, costs),
-                resident=(_is_primal(head) or _is_fwd_seed_offset(head)) and head not in copied,
+                resident=(is_primal(head) or is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
                 inline=i in inline - unstored,
             )
@@ -191,7 +194,7 @@ def capture(
         problem = with_one_reader_kernels(problem, groups, value_of, forward, costs, kept, extern, inlined)
         # AOTAutograd reads the same flag after partitioning, to mark the backward's
         # saved inputs that Inductor may write over.
-        donated = bool(torch._functorch.config.donated_buffer)
+        donated = bool(functorch_config.donated_buffer)
         problem = with_inplace_reuse(problem, groups, value_of, costs, unstored, donated=donated,
                                      per_reader=per_reader)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward,
@@ -215,7 +218,7 @@ def recompute_seconds(group: Sequence[fx.Node], own: Sequence[fx.Node],
 
 def step_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
     """The nodes the joint graph returns: the forward's outputs and the gradients."""
-    fwd_outputs, bwd_outputs, _, _ = _extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    fwd_outputs, bwd_outputs, _, _ = extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
     return {o for o in (*fwd_outputs, *bwd_outputs) if isinstance(o, fx.Node)}
 
 
@@ -455,7 +458,7 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     497 MiB against 385 MiB predicted at per-block checkpointing's peak (402 MiB).
 
     A forward value reaches the backward as a graph input, which Inductor writes over only
-    when AOTAutograd donates it (``torch._functorch.config.donated_buffer``, on by
+    when AOTAutograd donates it (``functorch_config.donated_buffer``, on by
     default). With ``donated`` false no backward kernel takes a forward value over: with
     the flag off the test GPT's step measured 6.5% over the prediction that assumed it, and
     on an H100 with torch 2.11, where rematc's backward took no saved value over, the
@@ -530,7 +533,7 @@ def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx
         if n not in forward:
             continue
         for a in n.args[:2]:
-            if not (isinstance(a, fx.Node) and a.op == "placeholder" and _is_primal(a)):
+            if not (isinstance(a, fx.Node) and a.op == "placeholder" and is_primal(a)):
                 continue
             val = a.meta.get("val")
             if (isinstance(val, torch.Tensor) and val.dim() == 4
@@ -1096,7 +1099,7 @@ def _backward_order(nodes: list[fx.Node], forward: frozenset[fx.Node]) -> list[f
     position = {n: k for k, n in enumerate(nodes)}
     backward = [n for n in nodes if n not in forward]
     # The output node is not placed: a tangent returned unchanged as a gradient has no reader.
-    readers = [u for t in backward if _is_tangent(t) or _is_bwd_seed_offset(t)
+    readers = [u for t in backward if is_tangent(t) or is_bwd_seed_offset(t)
                for u in t.users if u in position]
     start = min((position[u] for u in readers), default=len(nodes))
     placed: set[fx.Node] = set()
@@ -1114,7 +1117,7 @@ def _backward_order(nodes: list[fx.Node], forward: frozenset[fx.Node]) -> list[f
         out.extend(sorted(pending, key=position.__getitem__))
 
     for n in backward:
-        if _is_tangent(n) or _is_bwd_seed_offset(n):
+        if is_tangent(n) or is_bwd_seed_offset(n):
             place(n)
     for n in backward:
         if position[n] >= start:

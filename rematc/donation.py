@@ -19,9 +19,9 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 import torch.fx as fx
 
+from rematc._torch_compat import TracingContext
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -47,7 +47,7 @@ def expected_donations(problem: Problem, plan: Plan) -> dict[str, int]:
 def donated_names(gm: fx.GraphModule) -> set[str] | None:
     """The names of ``gm``'s inputs that AOTAutograd donated, as Inductor will read them
     while compiling it as a backward; None outside an AOTAutograd compile."""
-    context = torch._guards.TracingContext.try_get()
+    context = TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None) if context is not None else None
     if meta is None:
         return None

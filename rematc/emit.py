@@ -24,15 +24,17 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._functorch.compile_utils import raise_getitems
-from torch._functorch.partitioners import (
-    _is_primal,
+
+from rematc._torch_compat import (
     classify_nodes,
+    detect_fake_mode,
+    extract_fwd_bwd_modules,
+    is_opaque_node,
+    is_primal,
+    is_sym_node,
+    raise_getitems,
     reordering_to_mimic_autograd_engine,
 )
-from torch.fx.experimental.proxy_tensor import is_sym_node
-
-from rematc._torch_compat import extract_fwd_bwd_modules, is_opaque_node
 from rematc.capture import Captured
 from rematc.offload import OFFLOAD, RELOAD, WAIT
 from solvers import Decision, Plan, Transfer
@@ -149,7 +151,7 @@ def _fake(op: Any, val: Any) -> Any:
     """``op``'s fake result for a fake input (metadata for the compilers downstream)."""
     if not isinstance(val, torch.Tensor):
         return None
-    mode = torch._guards.detect_fake_mode([val])
+    mode = detect_fake_mode([val])
     with mode if mode is not None else nullcontext():
         return op(val)
 
@@ -247,7 +249,7 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
     verify_offload(emitted)
     for name in emitted.saved:
         node = joint_by_name[name]
-        if not _is_primal(node) and node not in captured.forward:
+        if not is_primal(node) and node not in captured.forward:
             raise EmitError(f"saved value {name} is not computed by the forward")
 
 

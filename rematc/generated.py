@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from rematc._torch_compat import optimization_hint
+from rematc._torch_compat import FakeTensorMode, optimization_hint
 
 __all__ = ["CodePeak", "Generated", "GeneratedCodeWarning", "recording_peaks", "step_peak"]
 
@@ -206,9 +205,9 @@ class _Walk:
         if isinstance(target, ast.Name):
             self.env[target.id] = value
         elif isinstance(target, ast.Tuple) and isinstance(value, list | tuple):
-            for t, v in zip(target.elts, value, strict=False):
-                if isinstance(t, ast.Name):
-                    self.env[t.id] = v
+            for element, v in zip(target.elts, value, strict=False):
+                if isinstance(element, ast.Name):
+                    self.env[element.id] = v
         for t in _tensors(value):
             key = _key(t)
             if key not in self.created and self.env.get("args") is not value:

@@ -26,21 +26,20 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
-from torch._functorch.compile_utils import fx_graph_cse
-from torch._functorch.partitioners import (
+
+from rematc import plancache
+from rematc._torch_compat import (
+    CompileContext,
+    CustomPartitionerFn,
+    ShapeEnv,
     force_save_bw_mutation_src,
     force_save_collectives,
     force_save_effectful_ops,
-)
-from torch._guards import CompileContext
-from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
-from torch.fx.experimental.symbolic_shapes import (
-    ShapeEnv,
     free_unbacked_symbols,
+    fx_graph_cse,
+    get_hash_for_files,
+    optimization_hint,
 )
-
-from rematc import plancache
-from rematc._torch_compat import optimization_hint
 from rematc.annotate import NodeCost, annotate
 from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for

@@ -33,11 +33,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
-from torch.utils._pytree import tree_leaves, tree_map
 
+from rematc._torch_compat import (
+    CustomPartitionerFn,
+    aot_autograd,
+    make_boxed_func,
+    tree_leaves,
+    tree_map,
+)
 from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
@@ -260,7 +263,7 @@ def _fused_attention(on_meta: bool) -> Iterator[None]:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, scale=scale)[0]
 
-    F.scaled_dot_product_attention = flash
+    F.scaled_dot_product_attention = flash  # type: ignore[assignment]
     try:
         yield
     finally:
