@@ -113,10 +113,12 @@ class Backend:
         inner = recording_peaks(inner, partitioner.generated)
         # AOTAutograd's cache would skip the partitioner: no record, and a later graph of
         # the step planned without what this one holds. Inductor's FX graph cache (the
-        # generated code) and rematc's plan cache still serve. The backward compiles now,
-        # not at its first run, so that its code is checked while a re-plan is possible.
+        # generated code) and rematc's plan cache still serve. Under a budget the backward
+        # compiles now, not at its first run, so that its code is checked while a re-plan
+        # is possible (a backward with retain_graph then needs donated_buffer off; torch
+        # says so).
         with functorch_config.patch(enable_autograd_cache=False,
-                                           force_non_lazy_backward_lowering=True):
+                                    force_non_lazy_backward_lowering=self.options.budget is not None):
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)

@@ -52,14 +52,13 @@ class CodePeak:
 
 def step_peak(forward: Generated, backward: Generated, device: torch.device | str) -> CodePeak:
     """Walk ``forward`` then ``backward`` (see the module docstring). ``device`` is the
-    graphs' device: host copies (offload) and other devices' buffers are not counted."""
+    graphs' device: offload's host copies and other devices' buffers are not counted."""
     kind = torch.device(device).type
     with FakeTensorMode(allow_non_fake_inputs=True):
         fw = _Walk(kind, "forward")
         outputs = fw.run(forward.source, _inputs(forward.graph, created=None))
-        names = _output_names(forward.graph)
-        by_name = {n: v for n, v in zip(names, outputs, strict=False) if n is not None}
-        bw = _Walk(kind, "backward", created=fw.created)
+        by_name = _saved_by_name(forward.graph, outputs, backward.graph)
+        bw = _Walk(kind, "backward", created=fw.created, host=fw.host)
         args = _inputs(backward.graph, created=bw.created, given=by_name)
         consumed = {id(v) for v in args}
         bw.kept = [v for v in outputs if id(v) not in consumed]  # the loss, held by the caller
@@ -74,6 +73,23 @@ def step_peak(forward: Generated, backward: Generated, device: torch.device | st
 def _output_names(gm: fx.GraphModule) -> list[str | None]:
     out = gm.graph.output_node().args[0]
     return [a.name if isinstance(a, fx.Node) else None for a in (out if isinstance(out, list | tuple) else [out])]
+
+
+def _saved_by_name(forward: fx.GraphModule, outputs: list[Any], backward: fx.GraphModule) -> dict[str, Any]:
+    """The backward's inputs that the forward returned, by the backward's names. A saved
+    value keeps its name across the graphs, except an offloaded one: the forward returns
+    its host copy under the copy's name. Those are the forward's last outputs the backward
+    does not name (the user's outputs come first), in the same order."""
+    names = _output_names(forward)
+    by_name = {n: v for n, v in zip(names, outputs, strict=False) if n is not None}
+    wanted = [n.name for n in backward.graph.find_nodes(op="placeholder")
+              if not n.name.startswith("tangents") and isinstance(n.meta.get("val"), torch.Tensor)]
+    missing = [n for n in wanted if n not in by_name]
+    bw_names = set(wanted)
+    spare = [v for n, v in zip(names, outputs, strict=False) if n not in bw_names and isinstance(v, torch.Tensor)]
+    if missing and len(spare) >= len(missing):
+        by_name.update(zip(missing, spare[len(spare) - len(missing):], strict=True))
+    return by_name
 
 
 def _inputs(gm: fx.GraphModule, *, created: dict[int, Any] | None,
@@ -142,19 +158,24 @@ def _namespace() -> dict[str, Any]:
     }
 
 
-ALIVE_SHOWN = 40  # largest live buffers a CodePeak names
+ALIVE_SHOWN = 16  # largest live buffers a CodePeak names
+# Calls whose results are host memory whatever the device says: offload's copies (on the
+# CPU, where rematc exercises offload plans, host and device memory are one).
+HOST_COPIES = ("torch.ops.rematc.offload",)
 
 
 class _Walk:
     """One generated ``call`` run on fake tensors, counting the bytes alive after each
     statement of storages created in the step on one device type."""
 
-    def __init__(self, kind: str, graph: str, created: dict[int, Any] | None = None) -> None:
+    def __init__(self, kind: str, graph: str, created: dict[int, Any] | None = None,
+                 host: set[int] | None = None) -> None:
         self.kind = kind
         self.graph = graph
         # Storage address -> the storage, of those created in the step. Holding them keeps
         # their addresses from being reused by later fake allocations.
         self.created: dict[int, Any] = created if created is not None else {}
+        self.host: set[int] = host if host is not None else set()  # offload's host copies
         self.env: dict[str, Any] = {}
         self.kept: list[Any] = []
         self.peak = 0
@@ -208,10 +229,13 @@ class _Walk:
             for element, v in zip(target.elts, value, strict=False):
                 if isinstance(element, ast.Name):
                     self.env[element.id] = v
+        host = ast.unparse(stmt.value).startswith(HOST_COPIES)
         for t in _tensors(value):
             key = _key(t)
             if key not in self.created and self.env.get("args") is not value:
                 self.created[key] = t.untyped_storage()
+                if host:
+                    self.host.add(key)
 
     def _eval(self, node: ast.expr) -> Any:
         code = compile(ast.Expression(node), "<generated>", "eval")
@@ -224,7 +248,8 @@ class _Walk:
                 continue
             for t in _tensors(value):
                 key = _key(t)
-                if key in self.created and t.device.type == self.kind and key not in storages:
+                if (key in self.created and key not in self.host and t.device.type == self.kind
+                        and key not in storages):
                     storages[key] = (name, self.created[key].nbytes())
         live = sum(n for _, n in storages.values())
         if live > self.peak:

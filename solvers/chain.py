@@ -54,6 +54,7 @@ plans that keep one boundary in up to ``SPAN``.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import math
 import time
@@ -309,6 +310,11 @@ class Chain:
     reference: Report  # the checker's verdict on R: every one-segment span at its reference
     distinct: int  # spans of distinct shapes, each planned once
 
+    @functools.cached_property
+    def step_owners(self) -> tuple[int | None, ...]:
+        """:func:`owners`, computed once per chain (every solve and prediction reads it)."""
+        return tuple(owners(self))
+
     def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
         """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
         return compose(self.problem, [self.cuts[i] for i, _ in choice],
@@ -319,7 +325,7 @@ class Chain:
         plus each chosen span's change at the steps its segments own (where its cut has
         them), plus its kept bytes at the steps owned by later segments or by none. Never
         below the checker's timeline where the changes add up (the tests check it)."""
-        own = owners(self)
+        own = self.step_owners
         out = list(self.reference.timeline)
         for i, k in choice:
             first, last = self.spans[i]
@@ -427,7 +433,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     seconds = p.scale.seconds_per_unit
     n = len(chain.segments)
     base = chain.reference.timeline
-    own = owners(chain)
+    own = chain.step_owners
     steps_of: list[list[int]] = [[] for _ in range(n)]
     unowned: list[int] = []
     for t, s in enumerate(own):
