@@ -19,10 +19,11 @@ parts=${*:-gpt2_sdpa gpt_test gpt_dropout llama_offload tests}
 mkdir -p "$out"
 start=$SECONDS
 
+site=${TMPDIR:-/tmp}/rematc-site
 if compgen -G "$wheels/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rematc-site "$wheels"/*.whl \
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl \
         || exit 1
-    export PYTHONPATH=/tmp/rematc-site:.
+    export PYTHONPATH="$site:."
 else
     export PYTHONPATH=.
 fi
