@@ -55,10 +55,10 @@ def step_peak(forward: Generated, backward: Generated, device: torch.device | st
     graphs' device: offload's host copies and other devices' buffers are not counted."""
     kind = torch.device(device).type
     with FakeTensorMode(allow_non_fake_inputs=True):
-        fw = _Walk(kind, "forward")
+        fw = _Walk(kind)
         outputs = fw.run(forward.source, _inputs(forward.graph, created=None))
         by_name = _saved_by_name(forward.graph, outputs, backward.graph)
-        bw = _Walk(kind, "backward", created=fw.created, host=fw.host)
+        bw = _Walk(kind, created=fw.created, host=fw.host)
         args = _inputs(backward.graph, created=bw.created, given=by_name)
         consumed = {id(v) for v in args}
         bw.kept = [v for v in outputs if id(v) not in consumed]  # the loss, held by the caller
@@ -168,10 +168,9 @@ class _Walk:
     """One generated ``call`` run on fake tensors, counting the bytes alive after each
     statement of storages created in the step on one device type."""
 
-    def __init__(self, kind: str, graph: str, created: dict[int, Any] | None = None,
+    def __init__(self, kind: str, created: dict[int, Any] | None = None,
                  host: set[int] | None = None) -> None:
         self.kind = kind
-        self.graph = graph
         # Storage address -> the storage, of those created in the step. Holding them keeps
         # their addresses from being reused by later fake allocations.
         self.created: dict[int, Any] = created if created is not None else {}
@@ -181,7 +180,6 @@ class _Walk:
         self.peak = 0
         self.at = ""
         self.alive: tuple[tuple[str, int], ...] = ()
-        self.skipped = 0  # assignments that could not be evaluated (nothing allocated there)
 
     def run(self, source: str, args: list[Any]) -> list[Any]:
         call = _call_function(source)
@@ -220,9 +218,8 @@ class _Walk:
         target = stmt.targets[0]
         try:
             value = self._eval(stmt.value)
-        except Exception:
+        except Exception:  # a kernel launch or another name the walk lacks: no allocation
             value = None
-            self.skipped += 1
         if isinstance(target, ast.Name):
             self.env[target.id] = value
         elif isinstance(target, ast.Tuple) and isinstance(value, list | tuple):
