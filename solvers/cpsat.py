@@ -154,6 +154,13 @@ CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) 
 # optimum or near it within seconds (the 6-layer GPT-2's 200), above it stalls on its start
 # (Llama-2-7B's 32 layers: 1421 decisions, never better than the greedy's plan in 60 s).
 CHAIN_MIN_CANDIDATES = 300
+STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers (:func:`state`)
+
+# The least-peak plan behind each unproven smallest budget an error stated, by unbudgeted
+# problem. The searches that found it run against the wall clock (the chain model plans
+# fewer spans on a loaded machine), so a later solve may not find it again; it starts
+# from this plan instead, and the budget the error stated gets a plan.
+_STATED: dict[Problem, Plan] = {}
 
 
 @dataclass
@@ -554,12 +561,12 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     found = [greedy(problem, SolverConfig(time_limit=share)),
              *(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY),
              chain.solve(problem, left, chain=built)]
-    fitting = [r for r in found if r.plan is not None]
+    fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
                   key=lambda r: r.report.peak)  # type: ignore[union-attr]
-        assert low.report is not None
-        raise InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan)
+        assert low.report is not None and low.plan is not None
+        raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan), problem)
     best = min(fitting, key=lambda r: r.objective)
     return replace(best, status=Status.FEASIBLE, bound=0.0, wall_time=time.perf_counter() - t0,
                    stats={**best.stats, "from": best.solver})
@@ -642,11 +649,45 @@ def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     from solvers import chain  # it plans each segment with this module
 
     out = [checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY]
+    out.extend(stated(problem))
     # Not under ``config.deterministic``: every span would be planned (no wall-clock
     # deadline), minutes on a 300-value graph.
     if len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
         out.append(chain.solve(problem, replace(config, time_limit=config.time_limit * CHAIN_SHARE)))
     return out
+
+
+def state(error: InfeasibleBudgetError, problem: Problem) -> InfeasibleBudgetError:
+    """``error``, after remembering the plan behind its smallest budget when that budget is
+    not proven (a proven one is found again by any search): :func:`stated` hands it to every
+    later solve of ``problem`` in this process, at any budget."""
+    if not error.proven and error.plan is not None and error.min_feasible is not None:
+        key = problem.with_budget(None)
+        kept = _STATED.get(key)
+        if kept is None or check(key, kept).peak > error.min_feasible:
+            _STATED.pop(key, None)
+            if len(_STATED) >= STATED_KEPT:
+                _STATED.pop(next(iter(_STATED)))
+            _STATED[key] = error.plan
+    return error
+
+
+def stated(problem: Problem, *, fitting: bool = True) -> list[SolveResult]:
+    """The plan behind the smallest budget an error stated for ``problem`` (:func:`state`),
+    judged against its budget; none where there is none or (``fitting``) it does not fit."""
+    plan = _STATED.get(problem.with_budget(None)) if _STATED else None
+    if plan is None:
+        return []
+    report = check(problem, plan)
+    if fitting and not report.fits:
+        return []
+    return [SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
+                        bound=0.0, wall_time=0.0, solver="stated")]
+
+
+def forget_stated() -> None:
+    """Drop the plans :func:`state` remembered (tests start from none)."""
+    _STATED.clear()
 
 
 def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None
@@ -686,8 +727,8 @@ def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         peak = min_feasible_peak(problem, config)
-        raise InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
-                                    proven=peak.status is Status.OPTIMAL, plan=peak.plan)
+        raise state(InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
+                                          proven=peak.status is Status.OPTIMAL, plan=peak.plan), problem)
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
     bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)
@@ -739,8 +780,8 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
 
 def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_model.Chain | None = None
                       ) -> list[SolveResult]:
-    """:func:`known_plans`' least-peak plans, each judged against ``problem``'s budget;
-    ``built``: the problem's chain model, already built (its least peak is then taken with
+    """:func:`known_plans`' least-peak plans and the one behind a smallest budget stated
+    before (:func:`stated`), each judged against ``problem``'s budget; ``built``: the problem's chain model, already built (its least peak is then taken with
     the whole of ``config``'s time limit)."""
     from solvers import chain
 
@@ -757,7 +798,7 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_mo
             out.append(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
                                    objective=report.added_time, bound=0.0, wall_time=0.0,
                                    solver="known-min-peak"))
-    return out
+    return [*out, *stated(problem, fitting=False)]
 
 
 def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
