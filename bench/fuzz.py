@@ -415,8 +415,9 @@ def compile_and_check(case: Case, expected: Step, budget: int | float | None, la
         return Compiled([], [], err.min_feasible, str(err))
     records = rematc.records()[before:]
     # Dynamo's graphs, those without a backward (which rematc does not plan) included: what
-    # runs outside the one graph rematc planned is outside the budget (README, "What the
-    # budget bounds"): after a graph break, the inputs an inference graph computes for it.
+    # runs outside the one graph rematc planned is outside the budget (docs/memory-model.md,
+    # "What the budget bounds"): after a graph break, the inputs an inference graph computes
+    # for it.
     single = counters["stats"]["unique_graphs"] - graphs_before == 1
     if not records:
         return Compiled([Finding("error", label, "the rematc partitioner did not run")], [])

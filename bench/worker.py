@@ -120,8 +120,8 @@ def rematc_summary() -> dict[str, Any]:
     total_flops = sum(n.flops for r in recs for n in r.problem.nodes)
     return {
         "graphs": len(recs),
-        # Graphs of one step share the budget (README, "Reliability"); with one graph
-        # these are that graph's figures.
+        # Graphs of one step share the budget (docs/reliability.md, "Graph breaks"); with one
+        # graph these are that graph's figures.
         "budget_bytes": recs[-1].budget if recs[-1].budget is None else recs[-1].budget + recs[-1].held_before,
         "unconstrained_peak_bytes": max(r.unconstrained_peak + r.held_before for r in recs),
         "predicted_peak_bytes": max(r.predicted_peak + r.held_before for r in recs),

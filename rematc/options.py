@@ -34,8 +34,9 @@ MIN_HOST_BANDWIDTH = 1e6
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
-    # Peak memory of the step above what is alive before it (see README, "What the budget
-    # bounds"); None plans without a limit, i.e. saves everything the backward reads.
+    # Peak memory of the step above what is alive before it (see docs/memory-model.md,
+    # "What the budget bounds"); None plans without a limit, i.e. saves everything the
+    # backward reads.
     budget: Budget | None = None
     # Codegen for the emitted forward and backward: Inductor, or plain FX run eagerly.
     compiler: str = "inductor"

@@ -209,8 +209,8 @@ class BudgetShare:
             warnings.warn(
                 "rematc: the model compiled to several graphs (a graph break); the "
                 "activations each graph saves stay alive while the later ones run, so they "
-                "share one budget and each later graph gets less (see README, "
-                "'Reliability'). Remove the break (TORCH_LOGS=graph_breaks shows it) to "
+                "share one budget and each later graph gets less (see docs/reliability.md, "
+                "'Graph breaks'). Remove the break (TORCH_LOGS=graph_breaks shows it) to "
                 "plan the step as one graph.",
                 GraphBreakWarning,
                 stacklevel=2,

@@ -39,7 +39,8 @@ class SolverConfig:
     # counts work, not wall seconds: ``time_limit`` is in CP-SAT's deterministic seconds
     # (its measure of work, about a second of one core), the local search counts checker
     # replays, and ``stall_time`` (a wall-clock watch) is not used. Off by default: the
-    # interleaved portfolio proves optimality more slowly (see the README's numbers).
+    # interleaved portfolio proves optimality more slowly (see the numbers in docs/solvers.md,
+    # "Determinism").
     deterministic: bool = False
     log: bool = False  # CP-SAT's own search log to stderr
 

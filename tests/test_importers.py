@@ -23,8 +23,8 @@ def fcn8() -> Path:
 
 
 def published_peak(path: Path) -> int:
-    """The README's memory model, replayed on networkx's order: at step j, every earlier
-    value with a consumer at j or later, plus the value computed at j."""
+    """The memory model of docs/memory-model.md, replayed on networkx's order: at step j,
+    every earlier value with a consumer at j or later, plus the value computed at j."""
     import json
 
     import networkx as nx
