@@ -39,7 +39,8 @@ def step(budget: float, host_bandwidth: float | None) -> tuple[int, rematc.Parti
 
 
 # Fractions of the everything-saved peak that bind: the plan without a budget (free
-# recomputations) peaks at about 41% of it on an H100. Measured on an H100: docs/gpu.md.
+# recomputations) peaks at about 41% of it on an H100. Measured on an H100:
+# bench/results/gpu-h100/README.md.
 @pytest.mark.parametrize("budget", [0.3])
 @pytest.mark.parametrize("offload", [False, True], ids=["recompute-only", "with-offload"])
 def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
@@ -54,9 +55,10 @@ def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
     assert peak <= asked * SLACK, f"measured {peak} B; {record.undonated} B were not donated"
     # The check after compilation reads the generated code: it is the measured peak.
     assert record.generated_peak is not None and abs(peak - record.generated_peak) <= 0.01 * peak
-    # With eager's generator (to compare gradients) the model counts each dropout's mask
-    # beside its output and predicts high: measured 0.80 of it on an H100 (docs/gpu.md).
-    assert peak <= record.predicted_peak * 1.05
+    # The prediction, with eager's generator (to compare gradients) too: each dropout's
+    # mask is saved, its output is not (it measured 0.80 of the prediction when the model
+    # held both).
+    assert abs(peak - record.predicted_peak) <= 0.05 * peak, f"predicted {record.predicted_peak} B"
     if not offload:
         assert not record.plan.of(Decision.OFFLOAD)
 
