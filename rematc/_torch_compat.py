@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch._functorch.config as functorch_config
+import torch._inductor.config as inductor_config
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import partitioners as _partitioners
@@ -69,6 +70,7 @@ __all__ = [
     "fx_graph_cse",
     "get_hash_for_files",
     "has_ao_offload",
+    "inductor_thresholds",
     "is_bwd_seed_offset",
     "is_expandable_to",
     "is_fwd_seed_offset",
@@ -145,3 +147,28 @@ def has_ao_offload() -> bool:
     except ImportError:
         return False
     return True
+
+
+class InductorThresholds(NamedTuple):
+    """When Inductor stores a result it could compute inside its readers' kernels."""
+
+    acc_reads: int  # buffers a fused loader may read (``realize_acc_reads_threshold``)
+    opcount: int  # ops a fused loader may count (``realize_opcount_threshold``)
+    reuse_reads: int  # a result read more often is stored (``realize_reads_threshold``)
+
+
+def inductor_thresholds(*, cpu: bool) -> InductorThresholds:
+    """Inductor's thresholds as its config stands now (a user's ``config.patch`` included),
+    for kernels on the CPU (``cpu``) or elsewhere. Torch 2.11 has one value of the first
+    two for every device; later releases leave them None by default and read a
+    per-device default (12 reads and 50 ops on the CPU, 8 and 30 elsewhere)."""
+
+    def per_device(name: str) -> int:
+        value = getattr(inductor_config, f"realize_{name}_threshold")
+        if value is None:
+            value = getattr(inductor_config, f"realize_cpu_{name}_threshold" if cpu
+                            else f"_realize_{name}_threshold_default")
+        return int(value)
+
+    return InductorThresholds(per_device("acc_reads"), per_device("opcount"),
+                              int(inductor_config.realize_reads_threshold))

@@ -35,6 +35,7 @@ from rematc._torch_compat import (
     classify_nodes,
     extract_fwd_bwd_outputs,
     functorch_config,
+    inductor_thresholds,
     is_bwd_seed_offset,
     is_expandable_to,
     is_fwd_seed_offset,
@@ -253,7 +254,7 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     GPT-2 benchmark peaked 81 MiB higher that way.
 
     The conditions are :func:`inline_values`'s, on the FX node: elementwise, not random,
-    no output or forced save, at most ``REALIZE_READS`` inputs, on the CPU no exp, log,
+    no output or forced save, at most :func:`realize_reads` inputs, on the CPU no exp, log,
     sigmoid or tanh, and every reader an elementwise or reduction op of the forward that
     Inductor does not make an extern kernel."""
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
@@ -269,7 +270,7 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
         through = _view_chains(v)
         readers = [u for u in through if u in forward]
         group = [v, *{w for chain in through.values() for w in chain[1:]}]
-        if (len(readers) < 2 or len(v.all_input_nodes) > REALIZE_READS
+        if (len(readers) < 2 or len(v.all_input_nodes) > realize_reads()
                 or not _inlinable(group, costs, kept, extern)
                 or _input_bytes(v, costs, by_name) > costs[v].nbytes * (1 + SPLIT_SLACK)):
             continue
@@ -688,25 +689,29 @@ INLINE_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "permute", "transpo
 # Factories Inductor lowers to a function of the index (no buffer read): it inlines them
 # like pointwise ops.
 FACTORY_OPS = frozenset({"full", "scalar_tensor", "iota", "arange", "zeros", "ones"})
-# Inductor stores any inlined result once its loader reads more than
-# ``realize_acc_reads_threshold`` buffers (12 on CPU, 8 elsewhere) or counts more than
-# ``realize_opcount_threshold`` ops (50 on CPU, 30 elsewhere); an aten pointwise op is two
-# or three of the loader's ops, so a fused kernel here stops at a third of that.
+def realize_reads() -> int:
+    """Inductor's ``realize_reads_threshold`` now: a result that several ops read and that
+    reads more buffers than this is stored (4 by default)."""
+    return inductor_thresholds(cpu=True).reuse_reads
+
+
+LOADER_OPS = 3  # a fused kernel's loader counts two or three ops per aten pointwise op
 
 
 @dataclass(frozen=True)
 class KernelLimits:
+    """Inductor stores an inlined result once its loader reads more than ``reads`` buffers
+    or counts more than ``realize_opcount_threshold`` ops, about ``ops`` aten pointwise ops."""
+
     reads: int  # buffers one fused kernel reads
     ops: int  # pointwise aten ops in one fused kernel
 
 
-CPU_LIMITS = KernelLimits(reads=12, ops=16)
-GPU_LIMITS = KernelLimits(reads=8, ops=10)
-
-
 def kernel_limits(groups: Sequence[Sequence[fx.Node]], costs: dict[fx.Node, NodeCost]) -> KernelLimits:
-    """The limits of the device the graph runs on (the CPU's where any value is there)."""
-    return CPU_LIMITS if any(costs[g[0]].device == "cpu" for g in groups) else GPU_LIMITS
+    """The limits of the device the graph runs on (the CPU's where any value is there), read
+    from Inductor's config when the graph is captured."""
+    limits = inductor_thresholds(cpu=any(costs[g[0]].device == "cpu" for g in groups))
+    return KernelLimits(reads=limits.acc_reads, ops=limits.opcount // LOADER_OPS)
 
 
 def fused_groups(
@@ -841,7 +846,6 @@ def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collecti
 # Ops whose results Inductor stores on the CPU when several ops read them
 # (``should_realize_on_reuse``: too costly to compute once per reader).
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
-REALIZE_READS = 4  # Inductor's realize_reads_threshold: above it, a result read several times is stored
 
 
 def inline_values(
@@ -858,8 +862,7 @@ def inline_values(
     Inductor's lowering keeps an elementwise result unstored and inlines it into every
     reader unless a reader needs a buffer (an extern kernel), the result is an output, or
     it is worth storing because several ops read it (``should_realize_on_reuse``: on the
-    CPU any exp/log/sigmoid/tanh in it, or more than ``realize_reads_threshold`` = 4
-    buffers read). Single-reader values are folded into their reader already
+    CPU any exp/log/sigmoid/tanh in it, or more than :func:`realize_reads` buffers read). Single-reader values are folded into their reader already
     (:func:`fused_groups`); this is for the rest. A forward value stays a value: stored
     when the forward saves it, inlined when recomputed (on the GPT-2 benchmark the
     GELU-tanh's cheap intermediates, 96 MiB per recomputed MLP). A backward value is
@@ -886,7 +889,7 @@ def inline_values(
             continue
         reads = frozenset().union(*(unstored.get(d, {d}) for d in deps[i]))
         recomputed = frozenset().union(*(unstored.get(d, through.get(d, {d})) for d in deps[i]))
-        if max(len(reads), len(recomputed)) <= REALIZE_READS and _inlinable(group, costs, kept, extern):
+        if max(len(reads), len(recomputed)) <= realize_reads() and _inlinable(group, costs, kept, extern):
             out.add(i)
             if group[0] not in forward:
                 unstored[i] = reads
@@ -921,7 +924,7 @@ def per_reader_values(
     backward's. That covers the cheap values that read it too (``1 + tanh``, read by the
     GELU and its gradient), which would hold the tanh otherwise. Same conditions as
     :func:`inline_values` otherwise: elementwise, fusible readers, at most
-    ``REALIZE_READS`` buffers read through the inline inputs recomputed with it."""
+    :func:`realize_reads` buffers read through the inline inputs recomputed with it."""
     split: set[int] = set()
 
     def reads(i: int) -> frozenset[int]:
@@ -932,7 +935,7 @@ def per_reader_values(
         if group[0] not in forward or len(readers[i]) < 2:
             continue
         heavy = i not in inline or any(d in split for d in deps[i])
-        if not heavy or len(reads(i)) > REALIZE_READS or not _elementwise(group, costs, kept, extern):
+        if not heavy or len(reads(i)) > realize_reads() or not _elementwise(group, costs, kept, extern):
             continue
         if all(_fusible_reader(u, costs, extern) for u in readers[i]):
             split.add(i)

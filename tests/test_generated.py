@@ -89,7 +89,7 @@ def test_the_walk_counts_only_the_graphs_device() -> None:
     assert on_cpu.forward == 4 * 64 * 64 * 4  # buf0 is on the GPU
 
 
-def _compiled_step(budget: float, **inductor: object) -> tuple[rematc.PartitionRecord, list[rematc.PartitionRecord], int]:
+def _compiled_step(budget: float | None, **inductor: object) -> tuple[rematc.PartitionRecord, list[rematc.PartitionRecord], int]:
     config = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=64, vocab=256)
     model, inputs = make_gpt(config, batch=4, seed=0)
     reference = run_step(model, model, inputs)
@@ -142,3 +142,17 @@ def test_a_plan_that_cannot_be_fitted_is_warned_about_with_its_numbers(
     message = str(over[0].message)
     assert f"peaks at {record.generated_peak} B" in message
     assert f"budget of {record.budget} B" in message and "the peak is at backward" in message
+
+
+@pytest.mark.inductor
+def test_a_users_inductor_thresholds_are_followed() -> None:
+    """Inductor stores a fused result past its ``realize_*`` thresholds. The model reads
+    them from its config when the graph is captured, a user's ``config.patch`` included.
+    With them lowered (3 ops, 1 read, 1 reuse), the plan without a budget: predicted
+    2,233,092 B, generated 2,171,916 B (2.7% under, the safe side). With the defaults
+    copied into the model instead: predicted 1,970,948 B, generated 2,254,340 B (14% over)."""
+    record, records, _ = _compiled_step(None, realize_opcount_threshold=3, realize_acc_reads_threshold=1,
+                                        realize_reads_threshold=1)
+    print([(r.predicted_peak, r.generated_peak) for r in records])
+    assert len(records) == 1 and record.generated_peak is not None
+    assert 0.95 * record.predicted_peak <= record.generated_peak <= record.predicted_peak
