@@ -23,6 +23,7 @@ from solvers import InfeasibleBudgetError
 from solvers.budget import Budget, parse_budget
 
 if TYPE_CHECKING:
+    from rematc._torch_compat import InductorFallbackWarning
     from rematc.backend import Backend, OverBudgetWarning, compile, rematc_backend
     from rematc.donation import DonationWarning
     from rematc.generated import GeneratedCodeWarning
@@ -43,6 +44,7 @@ _LAZY = {
     "OverBudgetWarning": "rematc.backend",
     "DonationWarning": "rematc.donation",
     "GeneratedCodeWarning": "rematc.generated",
+    "InductorFallbackWarning": "rematc._torch_compat",
     "BudgetWarning": "rematc.partition",
     "GraphBreakWarning": "rematc.partition",
     "PartitionRecord": "rematc.partition",
@@ -76,6 +78,7 @@ __all__ = [
     "DonationWarning",
     "GeneratedCodeWarning",
     "GraphBreakWarning",
+    "InductorFallbackWarning",
     "InfeasibleBudgetError",
     "NoPlanError",
     "Options",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -54,6 +55,7 @@ __all__ = [
     "CompileContext",
     "CustomPartitionerFn",
     "FakeTensorMode",
+    "InductorFallbackWarning",
     "ShapeEnv",
     "StorageWeakRef",
     "TracingContext",
@@ -88,6 +90,7 @@ __all__ = [
     "tree_leaves",
     "tree_map",
     "tree_map_only",
+    "warn_fallback",
 ]
 
 TORCH: tuple[int, int] = tuple(int(p) for p in torch.__version__.split(".")[:2])  # type: ignore[assignment]
@@ -172,3 +175,14 @@ def inductor_thresholds(*, cpu: bool) -> InductorThresholds:
 
     return InductorThresholds(per_device("acc_reads"), per_device("opcount"),
                               int(inductor_config.realize_reads_threshold))
+
+
+class InductorFallbackWarning(UserWarning):
+    """This torch's Inductor lacks a hook rematc uses under a budget; rematc does without it
+    and says what that costs."""
+
+
+@functools.cache
+def warn_fallback(what: str) -> None:
+    """Warn once per process that rematc falls back where ``what`` says."""
+    warnings.warn(f"rematc: {what}", InductorFallbackWarning, stacklevel=3)

@@ -44,6 +44,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from rematc._torch_compat import warn_fallback
+
 
 class KeepPlanOrder:
     """Inductor's choices handler as it was, except that a fusion across an extern kernel
@@ -108,8 +110,11 @@ def keep_plan_order(inner_compile: Callable[..., Any]) -> Callable[..., Any]:
     try:
         from torch._inductor.virtualized import V
     except ImportError:
-        return inner_compile
+        V = None  # type: ignore[assignment]
     if not callable(getattr(V, "set_choices_handler", None)):
+        warn_fallback("this torch's Inductor has no choices handler, so fusions across an extern "
+                      "kernel are not refused: the step may peak above the plan (the check after "
+                      "compilation re-plans where its code does)")
         return inner_compile
 
     @functools.wraps(inner_compile)

@@ -31,11 +31,13 @@ the next kernel, and of communication buffers, is allowed as Inductor allows it.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rematc._torch_compat import warn_fallback
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -176,26 +178,48 @@ class Rule:
 def planned_reuse(inner_compile: Callable[..., Any], room: Callable[[], Room | None]) -> Callable[..., Any]:
     """``inner_compile`` with Inductor's buffer-reuse rule replaced by :class:`Rule` for
     the duration of each call (the backward compiles later, through this same function).
-    ``room`` gives the plan's :class:`Room` once the partitioner has made it."""
+    ``room`` gives the plan's :class:`Room` once the partitioner has made it. Only this
+    call's context sees the rule: another thread's compile, or one outside rematc, keeps
+    Inductor's. Where this torch's Inductor decides reuse otherwise, ``inner_compile`` is
+    returned as it is and :mod:`rematc.backend` turns the pool off, with one warning."""
     line = allocate_line()
-    if line is None:  # another Inductor: rematc.backend turns the pool off instead
+    if line is None:
+        warn_fallback("this torch's Inductor decides buffer reuse where rematc cannot restrict it, "
+                      "so under a budget its buffer pool is off: the plan's peak holds, the step may be "
+                      "slower (the Llama benchmark on the CPU: 9.69 s a step against 8.50 s)")
         return inner_compile
+    inductor_rule = _dispatching(line)
 
     @functools.wraps(inner_compile)
     def compile_with_planned_reuse(*args: Any, **kwargs: Any) -> Any:
-        inductor_rule = line.should_reuse_buffer
         rule = Rule(room(), backward=bool(kwargs.get("is_backward", False)), inductor=inductor_rule)
-
-        def should_reuse_buffer(self: Any, free_line: Any, size: int) -> bool:
-            return rule.allows(self, free_line, size)
-
-        line.should_reuse_buffer = should_reuse_buffer
+        token = _RULE.set(rule)
         try:
             return inner_compile(*args, **kwargs)
         finally:
-            line.should_reuse_buffer = inductor_rule
+            _RULE.reset(token)
 
     return compile_with_planned_reuse
+
+
+# The rule of the compile running in this context; None: Inductor's own.
+_RULE: contextvars.ContextVar[Rule | None] = contextvars.ContextVar("rematc_reuse_rule", default=None)
+
+
+def _dispatching(line: Any) -> Callable[[Any, Any, int], bool]:
+    """Install once on ``line`` (Inductor's ``AllocateLine``) a ``should_reuse_buffer`` that
+    asks the context's :class:`Rule`, or Inductor's own where there is none; returns
+    Inductor's own."""
+    installed = line.should_reuse_buffer
+    inductor_rule: Callable[[Any, Any, int], bool] = getattr(installed, "inductor_rule", installed)
+    if installed is inductor_rule:
+        def should_reuse_buffer(self: Any, free_line: Any, size: int) -> bool:
+            rule = _RULE.get()
+            return inductor_rule(self, free_line, size) if rule is None else rule.allows(self, free_line, size)
+
+        should_reuse_buffer.inductor_rule = inductor_rule  # type: ignore[attr-defined]
+        line.should_reuse_buffer = should_reuse_buffer
+    return inductor_rule
 
 
 def allocate_line() -> Any:

@@ -8,6 +8,8 @@ Inductor under a budget reuses buffers across kernels and measures its predicted
 
 from __future__ import annotations
 
+import threading
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,6 +18,7 @@ from torch._inductor.codegen.wrapper import AllocateLine
 
 import rematc
 import rematc.reuse as reuse
+from rematc._torch_compat import InductorFallbackWarning, warn_fallback
 from rematc.backend import inductor_patches
 from rematc.memory import profiler_peak
 from rematc.models import GPTConfig, make_gpt
@@ -122,26 +125,47 @@ def test_the_rule_refuses_what_it_cannot_place() -> None:
     assert decide(Rule(None, backward=False), 0, 1, 1)
 
 
-def test_the_rule_is_installed_during_a_compile_and_restored_after() -> None:
-    inductor_rule = AllocateLine.should_reuse_buffer
+def test_the_rule_holds_in_the_compiles_context_only() -> None:
+    """Inside rematc's compile Inductor's reuse question is the plan's :class:`Rule`;
+    outside it, and in another thread during it, Inductor's own rule answers."""
     seen: dict[str, Any] = {}
 
     def inner(*args: Any, **kwargs: Any) -> str:
         alloc = SimpleNamespace(comm_buffer=False, scheduler_node_index=5)
         seen["next"] = AllocateLine.should_reuse_buffer(alloc, SimpleNamespace(scheduler_node_index=4), 1)  # type: ignore[arg-type]
         seen["later"] = AllocateLine.should_reuse_buffer(alloc, SimpleNamespace(scheduler_node_index=2), 1)  # type: ignore[arg-type]
+        other = threading.Thread(target=lambda: seen.setdefault("other thread", reuse._RULE.get()))
+        other.start()
+        other.join()
         return "compiled"
 
     assert planned_reuse(inner, lambda: None)(is_backward=True) == "compiled"
-    assert seen == {"next": True, "later": False}  # no plan's room: the next kernel only
-    assert AllocateLine.should_reuse_buffer is inductor_rule
+    assert seen == {"next": True, "later": False, "other thread": None}  # no plan's room: the next kernel only
+    assert reuse._RULE.get() is None
+    installed = AllocateLine.should_reuse_buffer
+    assert installed.inductor_rule is not installed  # type: ignore[attr-defined]
+    planned_reuse(inner, lambda: None)()
+    assert AllocateLine.should_reuse_buffer is installed  # installed once
 
     def failing(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("lowering failed")
 
     with pytest.raises(RuntimeError, match="lowering failed"):
         planned_reuse(failing, lambda: None)()
-    assert AllocateLine.should_reuse_buffer is inductor_rule
+    assert reuse._RULE.get() is None
+
+
+def test_a_torch_without_the_reuse_hook_is_warned_about_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reuse, "allocate_line", lambda: None)
+    warn_fallback.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        inner = object()
+        assert planned_reuse(inner, lambda: None) is inner  # type: ignore[arg-type]
+        planned_reuse(inner, lambda: None)  # type: ignore[arg-type]
+    fallbacks = [w for w in caught if issubclass(w.category, InductorFallbackWarning)]
+    assert len(fallbacks) == 1 and "buffer pool is off" in str(fallbacks[0].message)
+    warn_fallback.cache_clear()
 
 
 @pytest.mark.parametrize("budget", [None, "1MiB"])

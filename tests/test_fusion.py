@@ -4,6 +4,7 @@ the plan's order, and its peak, no longer hold."""
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch._inductor.virtualized import V
 
 import rematc
 from bench.models import LlamaConfig, make_llama
+from rematc._torch_compat import InductorFallbackWarning, warn_fallback
 from rematc.fusion import KeepPlanOrder, keep_plan_order, spans
 from rematc.memory import profiler_peak
 
@@ -83,6 +85,19 @@ def test_the_handler_is_installed_during_the_compile_and_restored_after() -> Non
     with pytest.raises(RuntimeError, match="lowering failed"):
         keep_plan_order(failing)()
     assert V.choices is before
+
+
+def test_a_torch_without_a_choices_handler_is_warned_about_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(V, "set_choices_handler", None)
+    warn_fallback.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        inner = object()
+        assert keep_plan_order(inner) is inner  # type: ignore[arg-type]
+        keep_plan_order(inner)  # type: ignore[arg-type]
+    fallbacks = [w for w in caught if issubclass(w.category, InductorFallbackWarning)]
+    assert len(fallbacks) == 1 and "choices handler" in str(fallbacks[0].message)
+    warn_fallback.cache_clear()
 
 
 @pytest.mark.inductor
