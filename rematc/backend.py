@@ -19,11 +19,12 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 
-from rematc._torch_compat import aot_autograd, functorch_config
+from rematc._torch_compat import TORCH, aot_autograd, functorch_config
 from rematc.devices import DeviceProfile
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
 from rematc.generated import recording_peaks
+from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
 from rematc.partition import BudgetShare, RematPartitioner
 from rematc.reuse import allocate_line, planned_reuse
@@ -106,6 +107,7 @@ class Backend:
                           partitioner: RematPartitioner) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+        check_release(TORCH)
         inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
                                    partitioner.lost_donations)
         if self.options.budget is not None:

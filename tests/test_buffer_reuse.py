@@ -176,6 +176,7 @@ def test_the_pool_stays_on(budget: str | None) -> None:
 
 
 @pytest.mark.inductor
+@pytest.mark.canary
 def test_an_inductor_step_reuses_buffers_across_kernels_at_its_predicted_peak(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The test GPT at 60% of its unconstrained peak: some dead buffers are held for a

@@ -102,6 +102,7 @@ def test_a_torch_without_a_choices_handler_is_warned_about_once(monkeypatch: pyt
 
 @pytest.mark.inductor
 @pytest.mark.parametrize("fraction", [0.95, 0.8, 0.45])
+@pytest.mark.canary
 def test_a_llama_measures_its_prediction(fraction: float) -> None:
     """The small benchmark Llama: without the rule the step measured 12.5% above the
     predicted peak at 80% (585,864 B against 520,708 B) and 21% at 45% (370,824 B

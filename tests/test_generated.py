@@ -116,6 +116,7 @@ def test_the_generated_peak_is_the_measured_peak() -> None:
 
 
 @pytest.mark.inductor
+@pytest.mark.canary
 def test_a_broken_rule_is_caught_after_compilation_and_replanned() -> None:
     # The model counts on Inductor writing a kernel's output over a dying input; with
     # in-place buffers and buffer reuse off, the first plan's code peaks above its budget.

@@ -393,6 +393,7 @@ def test_a_matmul_whose_merge_would_hold_more_stays_where_autograd_put_it(
 
 
 @pytest.mark.inductor
+@pytest.mark.canary
 def test_the_unmerged_matmul_is_no_addmm_in_inductors_code_and_gradients_match() -> None:
     """Compiled by Inductor, the narrow model's backward runs the tied gradient's matmul on
     its own (no ``addmm`` anywhere in it: the sub is not merged) and its gradients are

@@ -49,6 +49,7 @@ def measured_step_peak(compiled, model, inputs) -> int:  # type: ignore[no-untyp
 
 @pytest.mark.inductor
 @pytest.mark.parametrize("fraction", [0.55, 0.45])
+@pytest.mark.canary
 def test_measured_peak_within_budget_inductor(fraction: float) -> None:
     """Searched plans, down to near the smallest feasible budget (at loose budgets the plan is
     the no-budget one: the next test)."""
@@ -169,6 +170,7 @@ def pin_plan(monkeypatch: pytest.MonkeyPatch, recompute: Callable[[Problem], set
 
 
 @pytest.mark.inductor
+@pytest.mark.canary
 def test_a_recomputed_log_softmax_is_not_stored_by_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """The logits saved and the log-softmax recomputed (the shape of PyTorch's knapsack
     choice at tight budgets): the forward computes the log-softmax inside the loss and never
@@ -196,6 +198,7 @@ def test_a_recomputed_log_softmax_is_not_stored_by_the_forward(monkeypatch: pyte
     assert step <= report.peak + SMALL_BUFFERS, f"step: predicted {report.peak} B, measured {step} B"
 
 
+@pytest.mark.canary
 def test_a_recomputed_tanh_is_computed_in_each_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     """Everything recomputable recomputed: each GELU-tanh's tanh is read by the recomputed
     GELU (a matmul reads that) and by its gradient. Inductor would store it for its two
@@ -263,6 +266,7 @@ def seeded_cnn(cls: type[nn.Module], shape: tuple[int, ...]) -> tuple[nn.Module,
     return cls(), (torch.randn(*shape), torch.randint(10, (shape[0],)))
 
 
+@pytest.mark.canary
 def test_a_convolution_backward_scratchpad_counts_eager_route() -> None:
     """oneDNN's backward of a 512-channel 3x3 convolution over 2x2 pixels holds its weight's
     gradient blocked, a scratchpad of several weight-sized buffers (8 with 2 threads on
@@ -363,6 +367,7 @@ class Bf16Autocast(nn.Module):
 
 
 @pytest.mark.inductor
+@pytest.mark.canary
 def test_a_bf16_loss_gradient_stores_no_fp32_logits_inductor() -> None:
     """Under bf16 autocast the loss upcasts the logits, so its one-hot gradient is fp32 and
     logits-sized (8 MiB here). Inductor computes it inside the loss-gradient kernel, as
