@@ -711,6 +711,8 @@ INLINE_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "permute", "transpo
 # Factories Inductor lowers to a function of the index (no buffer read): it inlines them
 # like pointwise ops.
 FACTORY_OPS = frozenset({"full", "scalar_tensor", "iota", "arange", "zeros", "ones"})
+
+
 def realize_reads() -> int:
     """Inductor's ``realize_reads_threshold`` now: a result that several ops read and that
     reads more buffers than this is stored (4 by default)."""
@@ -884,8 +886,9 @@ def inline_values(
     Inductor's lowering keeps an elementwise result unstored and inlines it into every
     reader unless a reader needs a buffer (an extern kernel), the result is an output, or
     it is worth storing because several ops read it (``should_realize_on_reuse``: on the
-    CPU any exp/log/sigmoid/tanh in it, or more than :func:`realize_reads` buffers read). Single-reader values are folded into their reader already
-    (:func:`fused_groups`); this is for the rest. A forward value stays a value: stored
+    CPU any exp/log/sigmoid/tanh in it, or more than :func:`realize_reads` buffers read).
+    Single-reader values are folded into their reader already (:func:`fused_groups`);
+    this is for the rest. A forward value stays a value: stored
     when the forward saves it, inlined when recomputed (on the GPT-2 benchmark the
     GELU-tanh's cheap intermediates, 96 MiB per recomputed MLP). A backward value is
     never stored (the cross-entropy backward's ``one_hot * grad``, logits-sized).

@@ -781,8 +781,9 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
 def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_model.Chain | None = None
                       ) -> list[SolveResult]:
     """:func:`known_plans`' least-peak plans and the one behind a smallest budget stated
-    before (:func:`stated`), each judged against ``problem``'s budget; ``built``: the problem's chain model, already built (its least peak is then taken with
-    the whole of ``config``'s time limit)."""
+    before (:func:`stated`), each judged against ``problem``'s budget. ``built``: the
+    problem's chain model, already built (its least peak is then taken with the whole of
+    ``config``'s time limit)."""
     from solvers import chain
 
     unbudgeted = problem.with_budget(None)
