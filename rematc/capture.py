@@ -198,7 +198,7 @@ def capture(
         # saved inputs that Inductor may write over.
         donated = bool(functorch_config.donated_buffer)
         problem = with_inplace_reuse(problem, groups, value_of, costs, unstored, donated=donated,
-                                     per_reader=per_reader, channels_last=channels_last_readers(joint, value_of))
+                                     per_reader=per_reader)
     return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward,
                     frozenset(per_reader), checkpointed_values(problem, groups))
 
@@ -430,7 +430,7 @@ def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, 
 def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
                        value_of: dict[fx.Node, int], costs: dict[fx.Node, NodeCost],
                        unstored: Collection[int] = (), *, donated: bool = True,
-                       per_reader: Collection[int] = (), channels_last: Collection[int] = ()) -> Problem:
+                       per_reader: Collection[int] = ()) -> Problem:
     """``problem`` with ``Node.reuses`` set where Inductor writes a kernel's output over an
     input that dies in that kernel.
 
@@ -467,12 +467,6 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     GPT-2 benchmark's loss gradient stood beside the saved logits (+113 MiB). A copy the
     backward recomputes is its own buffer and could still be taken over; the model has
     no mark for "the recomputed copy only", so it counts none there (on the safe side).
-
-    A value a convolution backward reads as its gradient under Inductor's layout
-    optimization (``channels_last``: :func:`channels_last_readers`) takes no forward value
-    over that the forward keeps in another layout: written over it, the result is in that
-    layout, and Inductor writes a channels-last copy beside it for the convolution, both
-    alive in the kernel (a small CNN's last ReLU backward: 128 KiB over the prediction, 14%).
     """
     through = frozenset(unstored)
 
@@ -501,27 +495,11 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
             src = problem.nodes[u]
             if (src.size == nodes[v].size > 0 and problem.users[u][-1] == v
                     and not src.resident and not src.keep and groups[u][0].op != "placeholder"
-                    and (donated or src.backward or not nodes[v].backward)
-                    and not (v in channels_last and not src.backward and not _channels_last(groups[u][0]))):
+                    and (donated or src.backward or not nodes[v].backward)):
                 first = nodes[v].backward and not src.backward and any(d < recomputed_at(u) for d in realized)
                 nodes[v] = dataclasses.replace(nodes[v], reuses=u, reuses_recomputed=not first)
                 break
     return dataclasses.replace(problem, nodes=tuple(nodes))
-
-
-def channels_last_readers(joint: fx.GraphModule, value_of: dict[fx.Node, int]) -> frozenset[int]:
-    """The values convolution backwards read as their gradient, where Inductor's layout
-    optimization runs them channels-last (none where it is off)."""
-    if not channels_last_convolutions(joint):
-        return frozenset()
-    return frozenset(value_of[g] for n in joint.graph.find_nodes(
-        op="call_function", target=torch.ops.aten.convolution_backward.default)
-        if isinstance(g := n.args[0], fx.Node) and g in value_of)
-
-
-def _channels_last(n: fx.Node) -> bool:
-    val = n.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last)
 
 
 def _reuse_preference(node: Node, v: int, per_reader: bool = False) -> tuple[bool, bool, int]:

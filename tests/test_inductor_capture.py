@@ -164,6 +164,7 @@ def cnn() -> Captured:
     return captured(gm, kwargs, fuses=True)
 
 
+@pytest.mark.canary
 def test_channels_last_copies_count_from_their_first_convolution(cnn: Captured) -> None:
     p = cnn.problem
     by_name = {n.name: (i, n) for i, n in enumerate(p.nodes)}
@@ -193,6 +194,7 @@ def test_kept_weight_gradient_is_its_own_value(cnn: Captured) -> None:
         assert node.size >= sum(p.nodes[e].size for e in elements)  # its outputs, and the workspace
 
 
+@pytest.mark.canary
 def test_a_channels_last_weight_gradient_is_copied_after_the_backward() -> None:
     """Autograd copies a gradient whose strides are not its parameter's into a new tensor
     after the backward; a channels-last 3x3 kernel's gradient is one, a 1x1 kernel's has
@@ -202,6 +204,7 @@ def test_a_channels_last_weight_gradient_is_copied_after_the_backward() -> None:
     assert accumulate_copy_bytes(list(gm.graph.nodes), kept) == 8 * 3 * 3 * 3 * 4
 
 
+@pytest.mark.canary
 def test_an_elementwise_value_read_by_an_extern_kernel_runs_after_its_recomputations(cnn: Captured) -> None:
     """Inductor emits a one-reader elementwise result when its reader, here a convolution
     backward, is lowered: after the recomputations placed before that reader. So the

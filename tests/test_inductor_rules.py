@@ -1,6 +1,6 @@
 """The table of what the memory model follows of Inductor (rematc.inductor_rules): the doc
 lists its rules in order, each names code that exists and a canary marked as one, and the
-canaries this file holds: tiny models compiled by Inductor whose generated code must peak
+canary this file holds: a tiny model compiled by Inductor whose generated code must peak
 where the model says."""
 
 from __future__ import annotations
@@ -90,29 +90,4 @@ def test_an_embedding_gradient_peaks_where_the_model_says() -> None:
     torch.manual_seed(0)
     idx, targets = torch.randint(VOCAB, (2, 32)), torch.randint(VOCAB, (2, 32))
     record = _generated_and_predicted(EmbeddingHead(), (idx, targets))
-    assert abs(record.generated_peak - record.predicted_peak) <= 0.01 * record.predicted_peak  # type: ignore[operator]
-
-
-class ConvNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
-                                  nn.ReLU(), nn.Conv2d(16, 32, 1), nn.ReLU())
-        self.head = nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.head(self.body(x).mean((2, 3))), labels)
-
-
-@pytest.mark.inductor
-@pytest.mark.canary
-def test_a_convolution_net_peaks_where_the_model_says() -> None:
-    """Rules 8, 9 and 12: under Inductor's layout optimization the convolutions run
-    channels-last, with copies of their inputs and weights, elementwise values sit at their
-    convolution reader, and the 3x3 weights' gradients are copied back after the backward."""
-    torch.manual_seed(0)
-    x, labels = torch.randn(4, 3, 16, 16), torch.randint(10, (4,))
-    # 418,284 B predicted, 417,636 B generated; 366,828 B predicted while the last ReLU's
-    # gradient was counted as written over its output.
-    record = _generated_and_predicted(ConvNet(), (x, labels))
     assert abs(record.generated_peak - record.predicted_peak) <= 0.01 * record.predicted_peak  # type: ignore[operator]
