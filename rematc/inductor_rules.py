@@ -127,14 +127,6 @@ RULES: tuple[InductorRule, ...] = (
 )
 
 
-def rule(name: str) -> InductorRule:
-    """The rule of that name."""
-    for r in RULES:
-        if r.name == name:
-            return r
-    raise KeyError(name)
-
-
 _WARNED: set[Release] = set()
 
 
