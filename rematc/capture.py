@@ -263,6 +263,7 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     by_name = {n.name: n for n in joint.graph.nodes}
     forward = set(info.required_fw_nodes)  # with the copies made here
     copies = copy_constants_to_backward(joint, costs, forward)
+    limit = realize_reads()
     # Readers first: the copies of a split reader read the value, which then has more readers.
     for v in reversed(list(joint.graph.nodes)):
         if v not in forward or v not in costs or costs[v].owner != v.name or costs[v].is_view:
@@ -270,7 +271,7 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
         through = _view_chains(v)
         readers = [u for u in through if u in forward]
         group = [v, *{w for chain in through.values() for w in chain[1:]}]
-        if (len(readers) < 2 or len(v.all_input_nodes) > realize_reads()
+        if (len(readers) < 2 or len(v.all_input_nodes) > limit
                 or not _inlinable(group, costs, kept, extern)
                 or _input_bytes(v, costs, by_name) > costs[v].nbytes * (1 + SPLIT_SLACK)):
             continue
@@ -881,6 +882,7 @@ def inline_values(
     unstored: dict[int, frozenset[int]] = {}  # backward value read without its own buffer -> buffers read instead
     through: dict[int, frozenset[int]] = {}  # forward inline value, recomputed -> buffers read instead
     out: set[int] = set()
+    limit = realize_reads()
     for i, group in enumerate(groups):
         if _is_factory(group[0]):
             # A constant is never worth storing for its readers: Inductor computes it in
@@ -892,7 +894,7 @@ def inline_values(
             continue
         reads = frozenset().union(*(unstored.get(d, {d}) for d in deps[i]))
         recomputed = frozenset().union(*(unstored.get(d, through.get(d, {d})) for d in deps[i]))
-        if max(len(reads), len(recomputed)) <= realize_reads() and _inlinable(group, costs, kept, extern):
+        if max(len(reads), len(recomputed)) <= limit and _inlinable(group, costs, kept, extern):
             out.add(i)
             if group[0] not in forward:
                 unstored[i] = reads
@@ -934,11 +936,12 @@ def per_reader_values(
         return frozenset().union(*(reads(d) if d in inline or d in split else {d} for d in deps[i]))
 
     readers = [{u for u in readers_of(group) if u in costs} for group in groups]
+    limit = realize_reads()
     for i, group in enumerate(groups):
         if group[0] not in forward or len(readers[i]) < 2:
             continue
         heavy = i not in inline or any(d in split for d in deps[i])
-        if not heavy or len(reads(i)) > realize_reads() or not _elementwise(group, costs, kept, extern):
+        if not heavy or len(reads(i)) > limit or not _elementwise(group, costs, kept, extern):
             continue
         if all(_fusible_reader(u, costs, extern) for u in readers[i]):
             split.add(i)

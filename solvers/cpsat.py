@@ -159,8 +159,8 @@ STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers 
 # The least-peak plan behind each unproven smallest budget an error stated, by unbudgeted
 # problem. The searches that found it run against the wall clock (the chain model plans
 # fewer spans on a loaded machine), so a later solve may not find it again; it starts
-# from this plan instead, and the budget the error stated gets a plan.
-_STATED: dict[Problem, Plan] = {}
+# from this plan instead, and the budget the error stated gets a plan. Kept with its peak.
+_STATED: dict[Problem, tuple[int, Plan]] = {}
 
 
 @dataclass
@@ -664,20 +664,21 @@ def state(error: InfeasibleBudgetError, problem: Problem) -> InfeasibleBudgetErr
     if not error.proven and error.plan is not None and error.min_feasible is not None:
         key = problem.with_budget(None)
         kept = _STATED.get(key)
-        if kept is None or check(key, kept).peak > error.min_feasible:
+        if kept is None or kept[0] > error.min_feasible:
             _STATED.pop(key, None)
             if len(_STATED) >= STATED_KEPT:
                 _STATED.pop(next(iter(_STATED)))
-            _STATED[key] = error.plan
+            _STATED[key] = (error.min_feasible, error.plan)
     return error
 
 
 def stated(problem: Problem, *, fitting: bool = True) -> list[SolveResult]:
     """The plan behind the smallest budget an error stated for ``problem`` (:func:`state`),
     judged against its budget; none where there is none or (``fitting``) it does not fit."""
-    plan = _STATED.get(problem.with_budget(None)) if _STATED else None
-    if plan is None:
+    kept = _STATED.get(problem.with_budget(None)) if _STATED else None
+    if kept is None:
         return []
+    plan = kept[1]
     report = check(problem, plan)
     if fitting and not report.fits:
         return []
