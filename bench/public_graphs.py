@@ -11,7 +11,7 @@ The framework graphs have a forward/backward split: rematc's model recomputes fo
 values in the backward, what a training graph needs, while Checkmate and Moccasin may
 also recompute within the forward. The random layered graphs have none: they run in
 ``graph["order"]`` and any value may be recomputed before any later step
-(:mod:`solvers.anywhere`, Moccasin's problem with two copies per value). FastSA also
+(:mod:`solvers.singlephase.anywhere`, Moccasin's problem with two copies per value). FastSA also
 reorders operators, so a lower FastSA cost can come from a larger search space.
 
     python bench/public_graphs.py [--all] [--time-limit 60] [--workers 2]

@@ -601,8 +601,8 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _explain_infeasible(problem: Problem, b: Budgeted, e: InfeasibleBudgetError,
                         shapes: dict[str, str], *, json_out: bool) -> int:
-    from solvers.cpsat import min_feasible_peak
     from solvers.explain import culprits
+    from solvers.planner import min_feasible_peak
 
     low = min_feasible_peak(problem, b.config)
     rows = culprits(problem, low.plan, low.report) if low.plan and low.report else []

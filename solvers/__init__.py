@@ -5,7 +5,6 @@ Nothing in this package imports torch; problems come from :mod:`rematc` or from 
 
 from solvers.baselines import save_all
 from solvers.checker import Report, check
-from solvers.cpsat import min_feasible_peak, solve
 from solvers.io import (
     load_plan,
     load_problem,
@@ -17,6 +16,7 @@ from solvers.io import (
     save_problem,
 )
 from solvers.plan import Decision, Plan, PlanError, Step, Transfer, plan_from_decisions
+from solvers.planner import min_feasible_peak, solve
 from solvers.problem import Node, Problem, ProblemError, Scale
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 

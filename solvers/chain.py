@@ -227,7 +227,7 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
     boundaries; first), save them all, recompute the free ones, recompute all (inner
     boundaries too), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least peak
     to saving all. Pareto-dominated ones dropped, the reference kept."""
-    from solvers import cpsat  # cpsat seeds its search with this module's plans
+    from solvers import planner  # cpsat seeds its search with this module's plans
 
     p = c.problem
     recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
@@ -237,7 +237,7 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
         plans.append(("recompute-all", plan_with(p, recomputable)))
     low = plans[0][1]
     if _in_time(deadline, config):
-        least = cpsat.min_feasible_peak(p, replace(config, time_limit=_left(deadline, config)))
+        least = planner.min_feasible_peak(p, replace(config, time_limit=_left(deadline, config)))
         if least.plan is not None:
             plans.append(("least-peak", least.plan))
             low = least.plan
@@ -248,7 +248,7 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
             break
         budget = lo + (hi - lo) * k // SWEEP
         try:
-            r = cpsat.solve(p.with_budget(budget), replace(config, time_limit=_left(deadline, config)))
+            r = planner.solve(p.with_budget(budget), replace(config, time_limit=_left(deadline, config)))
         except InfeasibleBudgetError:
             continue
         if r.plan is not None:

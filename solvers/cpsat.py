@@ -115,8 +115,6 @@ from typing import TYPE_CHECKING
 
 from ortools.sat.python import cp_model
 
-from solvers import anywhere
-
 if TYPE_CHECKING:
     from solvers import chain as chain_model
 from solvers.baselines import checkpoint_every, greedy
@@ -497,6 +495,13 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         used += len(rows[k])
 
 
+def two_phase(problem: Problem) -> None:
+    """Raise ValueError for a single-phase problem: this model needs a backward."""
+    if problem.single_phase:
+        raise ValueError("a single-phase problem (no backward) is solved by solvers.singlephase; "
+                         "solvers.solve picks the solver for any problem")
+
+
 def baseline(problem: Problem) -> list[int]:
     """Bytes live at each step whatever the plan decides: every value from its step to its
     last read, a candidate only to its last forward read (nothing saved or recomputed), a
@@ -530,9 +535,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
 
     Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
     fits. On a time-out, returns the best plan found (status FEASIBLE, with its gap), or
-    status UNKNOWN and no plan. A single-phase problem (no backward) is solved by
-    :mod:`solvers.anywhere`, where any value may be recomputed before any later step.
+    status UNKNOWN and no plan. Two-phase problems only (:mod:`solvers.planner` sends a
+    single-phase one to :mod:`solvers.singlephase`).
     """
+    two_phase(problem)
     t0 = time.perf_counter()
     known = known_only(problem, config)
     if known is not None:
@@ -550,7 +556,8 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     FEASIBLE: no bound is proven (gap 100%). Where none fits, raises
     :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
     proven least: the flat search, which could prove it, does not finish at this size)."""
-    if problem.single_phase or problem.budget is None or len(problem.candidates) < CHAIN_ONLY_CANDIDATES:
+    two_phase(problem)
+    if problem.budget is None or len(problem.candidates) < CHAIN_ONLY_CANDIDATES:
         return None
     t0 = time.perf_counter()
     from solvers import chain
@@ -572,14 +579,10 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
                    stats={**best.stats, "from": best.solver})
 
 
-def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, float], None] | None = None
-            ) -> tuple[Model | anywhere.Model, cp_model.CpSolver]:
+def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
     """The model, hinted with its :func:`seed` when there is one, and a configured solver
-    (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units). A
-    single-phase problem gets :mod:`solvers.anywhere`'s model, whose local search tells
-    ``on_best`` each better plan it finds before the model is built."""
-    if problem.single_phase:
-        return anywhere.prepare(problem, config, on_best=on_best)
+    (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units)."""
+    two_phase(problem)
     t0 = time.perf_counter()
     model = build(problem)
     start, work = seeded(problem, config)
@@ -712,17 +715,12 @@ class StopAtMost(cp_model.CpSolverSolutionCallback):
             self.stop_search()
 
 
-def finish(problem: Problem, config: SolverConfig, model: Model | anywhere.Model,
-           solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *, started: float,
-           stalled: bool = False, interrupted: bool = False) -> SolveResult:
+def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_model.CpSolver,
+           code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False) -> SolveResult:
     """The result of a finished (or stopped) search: the checker's verdict on its plan, or
     on the seed it was hinted with where that adds less time (or the search found none);
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
-    infeasible; status UNKNOWN when there is no plan. (``interrupted``: stopped by the
-    user, for :func:`solvers.anywhere.finish`, which then skips its polish.)"""
-    if isinstance(model, anywhere.Model):
-        return anywhere.finish(problem, config, model, solver, code, started=started, stalled=stalled,
-                               interrupted=interrupted)
+    infeasible; status UNKNOWN when there is no plan."""
     wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
@@ -763,8 +761,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
     smallest feasible budget when the status is OPTIMAL. Where the search proves nothing,
     never above the least peak of the plans :func:`known_plans` finds without a budget."""
-    if problem.single_phase:
-        return anywhere.min_feasible_peak(problem, config)
+    two_phase(problem)
     t0 = time.perf_counter()
     if len(problem.candidates) >= CHAIN_ONLY_CANDIDATES:  # the flat search would find less
         known = least_known_peaks(problem, config)

@@ -11,7 +11,7 @@ that first backward need.
 
 On a single-phase problem (no backward, :attr:`Problem.single_phase`) a plan names the
 recomputed values only, and its schedule may recompute a value several times, before any
-steps after its own (:mod:`solvers.anywhere`); every read takes the latest copy.
+steps after its own (:mod:`solvers.singlephase.anywhere`); every read takes the latest copy.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from solvers import cpsat
+from solvers import planner
 from solvers.baselines import save_all
 from solvers.checker import Report
 from solvers.problem import Problem
@@ -54,14 +54,14 @@ def pareto_sweep(problem: Problem, *, points: int, config: SolverConfig) -> list
     """Solve at ``points`` budgets from the smallest feasible peak to the save-all peak."""
     top = save_all(problem.with_budget(None)).report
     assert top is not None
-    low = cpsat.min_feasible_peak(problem, config)
+    low = planner.min_feasible_peak(problem, config)
     bottom = low.report.peak if low.report is not None else top.peak
     count = max(2, points)
     budgets = sorted({math.ceil(bottom + (top.peak - bottom) * k / (count - 1)) for k in range(count)})
     out = []
     for b in budgets:
         try:
-            r = cpsat.solve(problem.with_budget(b), config)
+            r = planner.solve(problem.with_budget(b), config)
         except InfeasibleBudgetError:
             continue
         if r.report is not None:

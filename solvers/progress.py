@@ -2,7 +2,7 @@
 run in a worker thread, watched from the calling thread.
 
 :func:`solve_watched` builds the same model, hint and parameters as
-:func:`solvers.cpsat.solve` and returns the same :class:`SolveResult`; in addition
+:func:`solvers.planner.solve` and returns the same :class:`SolveResult`; in addition
 
 * ``on_progress`` is called from the calling thread every ``tick`` seconds and after each
   new incumbent with an :class:`Incumbent` (objective, bound, gap, elapsed time), for a
@@ -34,12 +34,13 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solvers import anywhere, cpsat
+from solvers import cpsat, planner
 from solvers.checker import check
 from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
 from solvers.sat import Watch, search
+from solvers.singlephase import anywhere
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,13 @@ class Incumbent:
 class Watched:
     result: SolveResult
     interrupted: bool  # stopped by Ctrl-C or ``stop`` before the search finished
-    model: cpsat.Model | anywhere.Model | None  # the CP-SAT model that was solved (for dumps), if built
+    model: planner.Model | None  # the CP-SAT model that was solved (for dumps), if built
 
 
 class _Watcher(Watch):
     """Records each incumbent; called from CP-SAT's threads."""
 
-    def __init__(self, model: cpsat.Model | anywhere.Model, t0: float) -> None:
+    def __init__(self, model: planner.Model, t0: float) -> None:
         super().__init__()
         self._model = model
         self._t0 = t0
@@ -101,13 +102,13 @@ def solve_watched(
     stop: threading.Event | None = None,
     tick: float = 0.1,
 ) -> Watched:
-    """:func:`solvers.cpsat.solve` with progress and interruption (see the module docstring).
+    """:func:`solvers.planner.solve` with progress and interruption (see the module docstring).
 
     Raises :class:`InfeasibleBudgetError` when the budget is proven infeasible.
     """
     restore_sigint()
     t0 = time.perf_counter()
-    known = cpsat.known_only(problem, config)
+    known = planner.known_only(problem, config)
     if known is not None:
         return Watched(known, False, None)
     first: list[Plan] = []  # the best plan of the local search before CP-SAT (single-phase)
@@ -118,7 +119,7 @@ def solve_watched(
             on_progress(Incumbent(seconds, 0.0, time.perf_counter() - t0, 0))
 
     try:
-        model, solver = cpsat.prepare(problem, config, on_best=local_best)
+        model, solver = planner.prepare(problem, config, on_best=local_best)
     except KeyboardInterrupt:  # during that search: its best plan, as CP-SAT's would be
         if not first:
             raise
@@ -159,7 +160,7 @@ def solve_watched(
     worker.join()
     if errors:
         raise errors[0]
-    result = cpsat.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled,
+    result = planner.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled,
                           interrupted=interrupted)
     return Watched(result, interrupted, model)
 

@@ -8,7 +8,9 @@ within budget, and explain an infeasible budget with the brute force's smallest 
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -25,13 +27,13 @@ from solvers import (
     Status,
     Step,
     Transfer,
-    anywhere,
     check,
-    local,
+    cpsat,
     min_feasible_peak,
     solve,
 )
 from solvers.problem import node
+from solvers.singlephase import anywhere, local
 from tests.graphs import P
 
 R = Decision.RECOMPUTE
@@ -154,6 +156,16 @@ def test_solve_routes_single_phase_problems_here() -> None:
     assert result.solver == "cpsat-anywhere" and result.status is Status.OPTIMAL
     assert result.objective == 0.0
 
+
+def test_the_two_phase_model_leaves_single_phase_problems_to_the_planner() -> None:
+    """:mod:`solvers.cpsat` imports nothing of :mod:`solvers.singlephase` and refuses a
+    single-phase problem; :mod:`solvers.planner` is where the two meet."""
+    source = Path(cpsat.__file__).read_text(encoding="utf-8")
+    imported = [n.module or "" for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names]
+    assert imported and not [m for m in imported if "singlephase" in m]
+    with pytest.raises(ValueError, match="single-phase"):
+        cpsat.solve(three_reads().with_budget(24), CFG)
 
 @st.composite
 def small_dags(draw: st.DrawFn) -> Problem:

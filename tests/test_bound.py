@@ -1,4 +1,4 @@
-"""The relaxation's lower bound (:mod:`solvers.bound`): exact where one value must go,
+"""The relaxation's lower bound (:mod:`solvers.singlephase.bound`): exact where one value must go,
 never above the brute force's optimum (however many copies), and the bound a solve reports."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import Problem, SolverConfig, anywhere, save_all
-from solvers.bound import lower_bound, stakes
+from solvers import Problem, SolverConfig, save_all
 from solvers.problem import node
+from solvers.singlephase import anywhere
+from solvers.singlephase.bound import lower_bound, stakes
 from tests.graphs import P
 from tests.test_anywhere import brute_force, small_dags
 

@@ -379,7 +379,8 @@ def ctrl_c(*args: object, **kwargs: object) -> None:
 def test_ctrl_c_during_the_local_search_returns_its_best_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a single-phase problem the local search runs before CP-SAT's model is built; a
     Ctrl-C there (here: as the model is built) still returns the best plan so far."""
-    from solvers import SolverConfig, anywhere, progress
+    from solvers import SolverConfig, progress
+    from solvers.singlephase import anywhere
     from tests.test_local import bursts
 
     monkeypatch.setattr(anywhere, "build", ctrl_c)
@@ -394,7 +395,8 @@ def test_ctrl_c_during_the_local_search_returns_its_best_plan(monkeypatch: pytes
 
 
 def test_ctrl_c_before_any_plan_is_still_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
-    from solvers import SolverConfig, local, progress
+    from solvers import SolverConfig, progress
+    from solvers.singlephase import local
     from tests.test_local import bursts
 
     monkeypatch.setattr(local, "improve", ctrl_c)

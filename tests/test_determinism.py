@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from ortools.sat.python import cp_model
 
-from solvers import Plan, Problem, SolverConfig, Status, check, local, sat, save_all, solve
+from solvers import Plan, Problem, SolverConfig, Status, check, sat, save_all, solve
 from solvers.problem import node
 from solvers.sat import make_solver, search
+from solvers.singlephase import local
 from tests.graphs import P
 
 

@@ -1,4 +1,4 @@
-"""The local search of single-phase plans (:mod:`solvers.local`) and how CP-SAT's solve uses it.
+"""The local search of single-phase plans (:mod:`solvers.singlephase.local`) and how CP-SAT's solve uses it.
 
 Its plans are judged by the checker, never cost more than the plan it starts from, and are
 the same for one seed when it stops by patience; on tiny graphs it is compared with the
@@ -20,11 +20,10 @@ from solvers import (
     Problem,
     SolverConfig,
     Status,
-    anywhere,
     check,
-    local,
 )
 from solvers.problem import node
+from solvers.singlephase import anywhere, local
 from tests.graphs import P
 from tests.test_anywhere import brute_force, plan_of, small_dags, three_reads
 

@@ -1,4 +1,4 @@
-"""The window model (``solvers.window``): exact over its window against brute force, and
+"""The window model (``solvers.singlephase.window``): exact over its window against brute force, and
 the plan outside the window kept."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import Plan, Problem, SolverConfig, Step, check, local, window
+from solvers import Plan, Problem, SolverConfig, Step, check
 from solvers.problem import node
 from solvers.sat import make_solver
+from solvers.singlephase import local, window
 from tests.graphs import P
 from tests.test_anywhere import brute_force, plan_of, three_reads
 

@@ -1,6 +1,6 @@
 r"""A lower bound on the added time of any plan of a single-phase problem.
 
-Notation as in :mod:`solvers.anywhere`: value :math:`v` computed at step :math:`v`, of
+Notation as in :mod:`solvers.singlephase.anywhere`: value :math:`v` computed at step :math:`v`, of
 :math:`s_v` bytes and :math:`t_v` seconds, budget :math:`B`. At step :math:`k`,
 :math:`A_k` are the values that must be in memory whatever the plan (computed or read at
 k, kept to the end, or not recomputable and not yet past their last read), and
@@ -18,10 +18,10 @@ standing for "v is recomputed at all":
 Every plan within budget gives a solution (:math:`x_v = 1` where it recomputes v) of at
 most its cost, however many times it recomputes a value, so this relaxation's optimum, or
 CP-SAT's bound on it when stopped early, bounds every plan: the interval model's of
-:mod:`solvers.anywhere` (whose own bound holds only for its two copies) and the windows'
-of :mod:`solvers.window`. It drops when recomputations run and what they read, so it is
+:mod:`solvers.singlephase.anywhere` (whose own bound holds only for its two copies) and the windows'
+of :mod:`solvers.singlephase.window`. It drops when recomputations run and what they read, so it is
 small: CP-SAT proves it optimal in 0.1-1.5 s on the public random graphs, where the
-interval model over the same rows (:func:`solvers.anywhere.add_memory_cuts`) reaches the
+interval model over the same rows (:func:`solvers.singlephase.anywhere.add_memory_cuts`) reaches the
 same bound on random n1000 at 80% (0.78% of the step) only some 20 s into its search.
 """
 

@@ -63,10 +63,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from solvers import local, window
-from solvers.bound import lower_bound, stakes
 from solvers.checker import check
-from solvers.local import recomputable
 from solvers.plan import Plan, Step
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -82,6 +79,9 @@ from solvers.sat import (
     search_stats,
     spent,
 )
+from solvers.singlephase import local, window
+from solvers.singlephase.bound import lower_bound, stakes
+from solvers.singlephase.local import recomputable
 
 COPIES = 2  # copies per value: the op and one recomputation (Moccasin's C = 2)
 MAX_CUT_TERMS = 200_000  # bounds add_memory_cuts: about 10 MB of model
@@ -95,7 +95,7 @@ LOCAL_SHARE = 0.15  # of the time limit, for the local search before CP-SAT and 
 # polishes with 43 s for the windows (CP-SAT at 15%), 5 of 8 with 31 s (at 35%).
 SEARCH_SHARE = 0.15
 WINDOW_SHARE = 0.5
-# Of the time limit, at most, for the relaxation's bound (:mod:`solvers.bound`): it is
+# Of the time limit, at most, for the relaxation's bound (:mod:`solvers.singlephase.bound`): it is
 # proven in 0.1-1.5 s on the public random graphs.
 BOUND_SHARE = 0.05
 
@@ -242,7 +242,7 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
 def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     """Σ_{v ∈ A_k} s_v + Σ_{v ∈ S_k} s_v (1 - R_{v,1}) <= floor(B/q) at each step k, where
     A_k are the values live at k whatever the plan and S_k those computed before k and read
-    after k, live unless recomputed (:func:`solvers.bound.stakes`). Rows go in for the
+    after k, live unless recomputed (:func:`solvers.singlephase.bound.stakes`). Rows go in for the
     steps with the most memory at stake first, up to ``max_terms`` terms."""
     p = m.problem
     scale = p.scale
@@ -271,7 +271,7 @@ def extract_plan(m: Model, solver: cp_model.CpSolver) -> Plan:
 def greedy(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """Recompute, at the peak step, the value that frees the most bytes there per second
     of recomputation, just before its next read; repeat until the plan fits (at most one
-    recomputation per value; :func:`solvers.local.repair`). A baseline, and where the
+    recomputation per value; :func:`solvers.singlephase.local.repair`). A baseline, and where the
     local search before CP-SAT starts."""
     t0 = time.perf_counter()
     steps, report = local.repair(problem, [])
@@ -350,11 +350,11 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
     The best plan is CP-SAT's or the local search's seed, whichever adds less time; unless
     CP-SAT proved it optimal or the search was ``interrupted`` (Ctrl-C asks for the best
     plan now), the local search then starts from it for up to ``LOCAL_SHARE`` of the time
-    limit, and last :func:`solvers.window.polish` re-solves windows of steps exactly for
+    limit, and last :func:`solvers.singlephase.window.polish` re-solves windows of steps exactly for
     what is left of the limit (``WINDOW_SHARE`` of it under ``config.deterministic``,
     where the clock must not count), where a value may be recomputed more than
     ``copies - 1`` times. The bound is the larger of this model's, over plans with at most
-    ``copies`` copies, and the relaxation's of :mod:`solvers.bound`, over every plan."""
+    ``copies`` copies, and the relaxation's of :mod:`solvers.singlephase.bound`, over every plan."""
     stats = search_stats(m.cp, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None

@@ -1,7 +1,7 @@
-"""Ruin-and-recreate local search for single-phase plans (:mod:`solvers.anywhere`).
+"""Ruin-and-recreate local search for single-phase plans (:mod:`solvers.singlephase.anywhere`).
 
 A plan here is a set of recomputations ``Step(v, k)``: value v recomputed before step k,
-at most one per value. The *repair* is the greedy of :func:`solvers.anywhere.greedy`: at
+at most one per value. The *repair* is the greedy of :func:`solvers.singlephase.anywhere.greedy`: at
 the peak step k, recompute the value that frees the most bytes there per second of
 recomputation, just before its next read after k, and repeat until the plan fits. The
 search (:func:`improve`) starts from a plan within budget, then repeatedly
@@ -21,7 +21,7 @@ CP-SAT's LP bound stays far from the optimum, and its own LNS, which re-solves a
 sub-model per move, runs only a few dozen moves a minute there. This search finds
 cheaper plans within seconds (random n500 at 80%: 3.42% against the greedy's 3.86% and
 60 s of CP-SAT's 3.63%; n250 at 80%: in 10 s, from every seed tried, the 5.05% that CP-SAT
-and a polish reach in 60 s). :func:`solvers.anywhere.solve` runs it from the greedy's
+and a polish reach in 60 s). :func:`solvers.singlephase.anywhere.solve` runs it from the greedy's
 plan, runs CP-SAT (hinted with the greedy's plan too), then runs it again from the
 cheaper end.
 

@@ -1,7 +1,7 @@
 r"""Re-solve a window of steps exactly, the rest of a single-phase plan fixed.
 
 On the random layered graphs of the public benchmark the interval model of
-:mod:`solvers.anywhere` finds plans, but its bound stays far below them and it allows one
+:mod:`solvers.singlephase.anywhere` finds plans, but its bound stays far below them and it allows one
 recomputation per value (Moccasin's two copies). This model is the other classic
 formulation, Checkmate's, by value and step, but over a window of :math:`W` steps only:
 the plan outside the window is the incumbent's, and inside it any value may be dropped
@@ -87,11 +87,11 @@ from typing import NamedTuple
 from ortools.sat.python import cp_model
 
 from solvers.checker import check, value_intervals
-from solvers.local import as_plan, read_steps, recomputable
 from solvers.plan import Plan, Step
 from solvers.problem import Node, Problem
 from solvers.result import SolverConfig
 from solvers.sat import limit, make_solver
+from solvers.singlephase.local import as_plan, read_steps, recomputable
 
 # Steps per window, to start with. On the random graphs at 80% a 32-step window is proven
 # optimal in 0.1-5 s, so a pass covers the steps that matter within seconds; 24-step ones
