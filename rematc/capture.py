@@ -54,7 +54,8 @@ from rematc.annotate import (
     tensors,
     val_bytes,
 )
-from solvers import Node, Problem
+from solvers import Copy, Node, Problem
+from solvers.problem import EVERY_COPY
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def capture(
         # recomputed: it runs once, in the backward) is stored nowhere: it holds no bytes,
         # and each reader reads what it reads, so those live until its last reader. That
         # is exact here, as no decision changes a backward value; for forward values the
-        # solvers apply the rule to recomputations only (``Node.inline``).
+        # solvers apply the rule to recomputations only (``Node.unstored``).
         deps |= {d for j in deps & unstored for d in problem_nodes[j].deps}
         own = [n for n in group if n not in inlined]
         problem_nodes.append(
@@ -183,7 +184,7 @@ def capture(
                 offloadable=_offloadable(group, costs),
                 resident=(is_primal(head) or is_fwd_seed_offset(head)) and head not in copied,
                 keep=any(n in kept for n in group),
-                inline=i in inline - unstored,
+                unstored=frozenset({Copy.RECOMPUTED}) if i in inline - unstored else frozenset(),
             )
         )
     if inductor and problem_nodes and not problem_nodes[-1].resident and channels_last_convolutions(joint):
@@ -239,7 +240,7 @@ def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost]
     may take their storage over. Saving such a copy is no decision the plan can make (a
     reader saved or recomputed carries its copy), which is what Inductor would do with the
     value unsaved. A value the backward reads too keeps its first forward reader and its
-    backward ones: it is then ``Node.fused``, stored by the forward only where the plan
+    backward ones: it is then the forward copy in ``Node.unstored``, stored by the forward only where the plan
     saves it (then Inductor's other forward readers read it, where the copies read its
     inputs: on the safe side). Under bf16 autocast the loss upcasts the logits, and that
     fp32 copy, read by the maximum, the exp-sum and the log-softmax and recomputed for the
@@ -376,7 +377,7 @@ def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]
                             costs: dict[fx.Node, NodeCost], kept: set[fx.Node],
                             extern: Collection[fx.Node], inlined: Collection[fx.Node]) -> Problem:
     """``problem`` with the forward values that one kernel computes inside its own where the
-    plan leaves them one reader in a graph: ``Node.fused`` and more ``Node.inline``.
+    plan leaves them one reader in a graph: the forward copy in ``Node.unstored`` and more the recomputed copy in ``Node.unstored``.
 
     Inductor inlines an elementwise result into its reader when it is that graph's only
     reader (:func:`inline_reader`), whatever ops it holds. The forward's graph reads a
@@ -399,15 +400,16 @@ def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]
         fx_readers = readers_of(group)
         in_forward = {u for u in fx_readers if u in forward}
         readers = problem.forward_users[v]
-        if (len(readers) == 1 and not nodes[readers[0]].fused and problem.backward_uses[v]
+        if (len(readers) == 1 and nodes[readers[0]].stores(Copy.FORWARD) and problem.backward_uses[v]
                 and all(_fusible_reader(u, costs, extern) for u in in_forward)
                 and _small([*groups[readers[0]], *group], {v, readers[0]}, value_of, costs, limits)):
-            nodes[v] = node = dataclasses.replace(node, fused=True)
+            nodes[v] = node = dataclasses.replace(node, unstored=node.unstored | {Copy.FORWARD})
         in_backward = fx_readers - in_forward
-        if (not node.inline and len(in_backward) == 1 and _fusible_reader(next(iter(in_backward)), costs, extern)
+        if (node.stores(Copy.RECOMPUTED) and len(in_backward) == 1 and _fusible_reader(next(iter(in_backward)), costs, extern)
                 and not may_recompute & set(readers) and len(node.deps) <= limits.reads):
             own = [n for n in group if n not in inlined]
-            nodes[v] = dataclasses.replace(node, inline=True, time=recompute_seconds(group, own, costs, stored=False))
+            nodes[v] = dataclasses.replace(node, unstored=node.unstored | {Copy.RECOMPUTED},
+                                           time=recompute_seconds(group, own, costs, stored=False))
     return dataclasses.replace(problem, nodes=tuple(nodes))
 
 
@@ -432,7 +434,7 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
                        value_of: dict[fx.Node, int], costs: dict[fx.Node, NodeCost],
                        unstored: Collection[int] = (), *, donated: bool = True,
                        per_reader: Collection[int] = ()) -> Problem:
-    """``problem`` with ``Node.reuses`` set where Inductor writes a kernel's output over an
+    """``problem`` with ``Node.overwrites`` set where Inductor writes a kernel's output over an
     input that dies in that kernel.
 
     Inductor's scheduler (``inplace_buffers``) gives an elementwise kernel's output the
@@ -454,7 +456,7 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
 
     A backward kernel that also reads an unstored value of its own size that a second op
     reads too (a reduction fused beside it) takes a forward input's saved copy, but not a
-    copy the backward recomputes after that value (``Node.reuses_recomputed``): the GPT-2
+    copy the backward recomputes after that value (``Node.overwrites_copies``): the GPT-2
     loss gradient writes over the saved log-softmax (a donated graph input), but with the
     logits recomputed in the backward Inductor stores the one-hot gradient in the kernel
     and writes over that, so the recomputed logits stay: a plan recomputing them measured
@@ -498,7 +500,8 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
                     and not src.resident and not src.keep and groups[u][0].op != "placeholder"
                     and (donated or src.backward or not nodes[v].backward)):
                 first = nodes[v].backward and not src.backward and any(d < recomputed_at(u) for d in realized)
-                nodes[v] = dataclasses.replace(nodes[v], reuses=u, reuses_recomputed=not first)
+                nodes[v] = dataclasses.replace(nodes[v], overwrites=u,
+                                               overwrites_copies=frozenset({Copy.FORWARD}) if first else EVERY_COPY)
                 break
     return dataclasses.replace(problem, nodes=tuple(nodes))
 
@@ -515,7 +518,7 @@ def _reuse_preference(node: Node, v: int, per_reader: bool = False) -> tuple[boo
     (the test GPT's tanh), so it ranks as stored. Recomputed, it has no buffer to take:
     the model then credits no take-over, and the input Inductor takes instead is counted
     one step longer (on the safe side)."""
-    return node.inline and not per_reader, not node.backward, v
+    return not node.stores(Copy.RECOMPUTED) and not per_reader, not node.backward, v
 
 
 def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx.Node, int]:
@@ -743,7 +746,7 @@ def fused_groups(
 
     Inductor also inlines a cheap result into each of several readers, but it stores
     such a result wherever the forward saves it for the backward, so a value read by
-    several ops stays a value here; where it is recomputed instead, ``Node.inline``
+    several ops stays a value here; where it is recomputed instead, the recomputed copy in ``Node.unstored``
     (:func:`inline_values`) says it holds no memory."""
     limits = kernel_limits(groups, costs)
     kernels = [list(g) for g in groups]
@@ -860,7 +863,7 @@ def inline_values(
     extern: Collection[fx.Node] = (),
 ) -> set[int]:
     """The values Inductor computes inside each op that reads them instead of storing
-    them, wherever they are computed in the backward (``Node.inline``).
+    them, wherever they are computed in the backward (the recomputed copy in ``Node.unstored``).
 
     Inductor's lowering keeps an elementwise result unstored and inlines it into every
     reader unless a reader needs a buffer (an extern kernel), the result is an output, or

@@ -1,7 +1,7 @@
 """Whether the backward got the donated buffers the memory model counted on.
 
 Under Inductor the model lets a backward kernel write its output over a saved forward
-value that dies in it (``Node.reuses``; on the GPT-2 benchmark the 128 MiB loss gradient
+value that dies in it (``Node.overwrites``; on the GPT-2 benchmark the 128 MiB loss gradient
 over the saved log-softmax). Inductor does that only to a saved value AOTAutograd
 donates: one listed in ``fw_metadata.bw_donated_idxs``, which AOTAutograd fills after
 partitioning when ``torch._functorch.config.donated_buffer`` is on, and leaves empty in

@@ -37,7 +37,7 @@ RULES: tuple[InductorRule, ...] = (
     InductorRule(
         1, "In-place kernels",
         "an elementwise kernel reading a same-sized input for the last time",
-        "Node.reuses: the value takes the input's storage over (no new bytes)",
+        "Node.overwrites: the value takes the input's storage over (no new bytes)",
         ("rematc.capture.with_inplace_reuse",),
         "tests/test_generated.py::test_a_broken_rule_is_caught_after_compilation_and_replanned"),
     InductorRule(
@@ -49,7 +49,7 @@ RULES: tuple[InductorRule, ...] = (
     InductorRule(
         3, "Inlined recomputations",
         "a cheap elementwise value several elementwise ops read, within realize_reads_threshold",
-        "Node.inline: recomputed, it holds no memory; a heavy one is emitted per reader",
+        "Node.unstored RECOMPUTED: recomputed, it holds no memory; a heavy one is emitted per reader",
         ("rematc.capture.inline_values", "rematc.capture.per_reader_values"),
         "tests/test_measured_peak.py::test_a_recomputed_tanh_is_computed_in_each_reader"),
     InductorRule(
@@ -61,7 +61,7 @@ RULES: tuple[InductorRule, ...] = (
     InductorRule(
         5, "Recomputations written in place",
         "a recomputation whose op takes its input's storage over",
-        "Node.reuses_recomputed: it takes the input's backward copy over",
+        "Node.overwrites_copies: it takes the input's backward copy over, or the forward one only",
         ("rematc.capture.with_inplace_reuse",),
         "tests/test_measured_peak.py::test_measured_peak_within_budget_inductor"),
     InductorRule(
@@ -91,7 +91,7 @@ RULES: tuple[InductorRule, ...] = (
     InductorRule(
         10, "Values a kernel computes inside its only reader",
         "a forward value with one forward reader that can compute it",
-        "Node.fused: stored only when saved or offloaded",
+        "Node.unstored FORWARD: stored only when saved or offloaded",
         ("rematc.capture.fused_groups",),
         "tests/test_measured_peak.py::test_a_recomputed_log_softmax_is_not_stored_by_the_forward"),
     InductorRule(
@@ -121,7 +121,7 @@ RULES: tuple[InductorRule, ...] = (
     InductorRule(
         15, "Constants and the zeros a scatter copies",
         "a constant read by several kernels; an input of a copying scatter or an indexed load",
-        "Node.inline: no buffer of its own",
+        "Node.unstored RECOMPUTED: no buffer of its own",
         ("rematc.capture.inline_values", "rematc.capture.COPYING_SCATTERS"),
         "tests/test_inductor_rules.py::test_an_embedding_gradient_peaks_where_the_model_says"),
 )

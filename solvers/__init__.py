@@ -17,10 +17,11 @@ from solvers.io import (
 )
 from solvers.plan import Decision, Plan, PlanError, Step, Transfer, plan_from_decisions
 from solvers.planner import min_feasible_peak, solve
-from solvers.problem import Node, Problem, ProblemError, Scale
+from solvers.problem import Copy, Node, Problem, ProblemError, Scale
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 
 __all__ = [
+    "Copy",
     "Decision",
     "InfeasibleBudgetError",
     "Node",

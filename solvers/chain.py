@@ -66,7 +66,7 @@ from ortools.sat.python import cp_model
 from solvers.baselines import free_plan, plan_with, segment_boundaries
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
-from solvers.problem import Node, Problem
+from solvers.problem import Copy, Node, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import make_solver
 
@@ -158,8 +158,9 @@ class Cut:
         for n in self.problem.nodes:
             size = 0 if n.resident else n.size  # a resident value costs nothing
             h.update(repr((n.op, n.deps, n.backward, size, round(n.time, 15), n.flops,
-                           n.recomputable, n.offloadable, n.resident, n.keep, n.reuses,
-                           n.reuses_recomputed, n.inline, n.fused)).encode())
+                           n.recomputable, n.offloadable, n.resident, n.keep, n.overwrites,
+                           sorted(c.value for c in n.overwrites_copies),
+                           sorted(c.value for c in n.unstored))).encode())
         h.update(repr((sorted(self.interior.values()), sorted(self.boundaries))).encode())
         return h.hexdigest()
 
@@ -198,8 +199,9 @@ def cut(problem: Problem, segment: Segment, boundaries: Iterable[int] = (),
         keep = n.keep or read_later or (not n.backward and g not in interior)
         nodes.append(replace(
             n, deps=tuple(local[d] for d in n.deps),
-            reuses=None if n.reuses is None else local[n.reuses],
-            keep=keep, fused=n.fused and not keep, resident=n.resident and not n.backward,
+            overwrites=None if n.overwrites is None else local[n.overwrites],
+            keep=keep, unstored=n.unstored - {Copy.FORWARD} if keep else n.unstored,
+            resident=n.resident and not n.backward,
         ))
     sub = Problem(nodes=tuple(nodes), budget=None, host_bandwidth=problem.host_bandwidth,
                   name=f"{problem.name}[{segment.forward[0]}:{segment.forward[1]}]")

@@ -15,15 +15,16 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
   (``Problem.taken_over``), or by that op's recomputation, ends one step before that
   read: a recomputed softmax writes over its recomputed scores as the op did in the
   forward, so a chain recomputed before one step holds one buffer, not one per value
-  (a backward op with ``reuses_recomputed`` false takes the saved forward copy only).
+  (a backward op whose ``overwrites_copies`` is the forward copy only takes the saved
+  forward copy only).
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
 all count as live during that step, which bounds from above what the emitted code holds.
-A recomputation of an ``inline`` value (two-phase problems) holds no memory: its reads of
-its deps happen at each read it serves instead of at its own step. A ``fused`` forward
-value neither saved nor offloaded has no forward copy: its one forward reader computes it,
-and reads its deps.
+Copies named in ``Node.unstored`` (two-phase problems) hold no memory. An unstored
+recomputation's reads of its deps happen at each read it serves instead of at its own
+step; an unstored forward copy (a value neither saved nor offloaded) is computed by its
+one forward reader, which reads its deps.
 
 Added time is the compute time of every recomputation plus the transfer time compute
 does not hide: step k lasts max(c_k, out_k, in_k), where c_k is its compute time and
@@ -39,7 +40,7 @@ import bisect
 from dataclasses import dataclass
 
 from solvers.plan import Decision, Plan, PlanError, needed_values
-from solvers.problem import Problem
+from solvers.problem import Copy, Problem
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,12 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     Key = tuple[int, int, int]  # (step, 0 for a scheduled entry / 1 for the op, order)
     copies: dict[int, list[tuple[Key, int]]] = {}  # value -> (made at, first live step)
     # value -> reads besides its readers' own ops: by scheduled recomputations, and by the
-    # op that computes a fused value the forward does not store
+    # op that computes a value whose forward copy is unstored
     other_reads: dict[int, list[Key]] = {}
-    inline: dict[int, Key] = {}  # inline value -> where its recomputation is scheduled
-    unstored: set[int] = set()  # fused values without a forward copy
+    inline: dict[int, Key] = {}  # value with an unstored recomputation -> where it is scheduled
+    unstored: set[int] = set()  # values without a forward copy
     for v in range(problem.n_forward):
-        reader = problem.fused_reader(v)
+        reader = problem.computed_in(v)
         if reader is None or plan.decisions.get(v) in (Decision.SAVE, Decision.OFFLOAD):
             continue
         unstored.add(v)
@@ -155,15 +156,15 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         copies.setdefault(s.node, []).append((key, move.reload_at if move else s.before))
         if plan.decisions.get(s.node) is not Decision.RECOMPUTE:
             continue
-        if problem.nodes[s.node].inline and not problem.single_phase:
+        if not problem.nodes[s.node].stores(Copy.RECOMPUTED) and not problem.single_phase:
             inline[s.node] = key
             continue
         for d in set(problem.nodes[s.node].deps):
             other_reads.setdefault(d, []).append(key)
-    # An inline recomputation reads its deps at each read it serves (every later read: it
+    # An unstored recomputation reads its deps at each read it serves (every later read: it
     # is the value's last copy). Readers come after what they read, so going down the
     # values, each one's reads are complete before they pass to its deps.
-    served_at: dict[int, set[int]] = {}  # value -> steps an inline recomputation reads it at
+    served_at: dict[int, set[int]] = {}  # value -> steps an unstored recomputation reads it at
     for v in sorted(inline, reverse=True):
         served = [r for r in [*((u, 1, 0) for u in problem.users[v]), *other_reads.get(v, ())]
                   if r > inline[v]]
@@ -192,13 +193,13 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         if i in moves:  # the device copy lives until its copy to the host has run
             last[0] = max(last[0], moves[i].offload_at)
         taker = problem.taken_over.get(i)
-        # A backward taker without reuses_recomputed writes over the forward copy only.
+        # A backward taker that overwrites no backward copy writes over the forward copy only.
         takes = (len(made) if taker is None or taker < problem.n_forward
-                 or problem.nodes[taker].reuses_recomputed else 1)
+                 or problem.nodes[taker].overwrites_backward_copies else 1)
         if taker is not None:
             for j, r in enumerate(last_read[:takes]):
                 # The last reader, the taker's op or its recomputation, writes its result
-                # over this copy; not where an inline recomputation reads the copy at the
+                # over this copy; not where an unstored recomputation reads the copy at the
                 # same step (it runs inside an op there, in an order steps do not resolve).
                 if r is not None and last[j] == r[0] and (r == (taker, 1, 0) or (
                         r[1] == 0 and plan.schedule[r[2]].node == taker and r[0] not in served_at.get(i, ()))):

@@ -13,6 +13,8 @@ use, :math:`bu(v)` the backward steps that read it, :math:`fu(v)` its forward us
 :math:`fe(v)` the last step of its forward copy when not kept (``problem.forward_end``:
 :math:`lf(v) - 1` where :math:`to(v) = lf(v)`, else :math:`lf(v)`).
 :math:`C` is the set of values that may need a decision (``problem.candidates``).
+:math:`U_F` and :math:`U_R` are the values whose forward copy and whose recomputed copy
+hold no memory (``Node.unstored``: the ops that read such a copy compute it).
 
 Variables, for :math:`v \in C`:
 
@@ -24,14 +26,14 @@ Variables, for :math:`v \in C`:
   :math:`R_w`, else :math:`N-1` (what the anchor's minimum ranges over);
 * :math:`T_v \in \{0,1\}`, where :math:`to(v)` is a backward step: that op is v's last
   consumer, so it writes over v's backward copy, which ends one step earlier; where
-  :math:`w = to(v)` is a forward candidate that may be recomputed (not ``inline``): w's
+  :math:`w = to(v)` is a forward candidate that may be recomputed (not in :math:`U_R`): w's
   recomputation is v's last consumer and writes over v's backward copy (a recomputed
   softmax over its recomputed scores), which ends before :math:`P_w`;
-* :math:`Z_{u,j} \in \{0,1\}`, for each stretch j of :func:`fused_extensions`: u's forward
-  copy lives on over it, read by the reader of a ``fused`` value that is not stored.
+* :math:`Z_{u,j} \in \{0,1\}`, for each stretch j of :func:`unstored_extensions`: u's forward
+  copy lives on over it, read by the reader of a value of :math:`U_F` that is not saved.
 
 and, where the problem has a host link and v may be offloaded (``Node.offloadable``, a
-forward step after its last forward read, its fused readers' included
+forward step after its last forward read, the reads of the readers that compute it included
 (``problem.copy_out_from``), and a backward step before its first read):
 
 * :math:`O_v \in \{0,1\}`: v is offloaded (copied to host memory, copied back);
@@ -56,21 +58,22 @@ Constraint families (one ``add_*`` function each):
   the copies beside it (one copy engine each way);
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
   :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
-  ``inline`` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`
+  in :math:`U_R` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`
   for a backward :math:`to(v)`, else :math:`T_v \Rightarrow R_w \land L_v \le P_w` with
-  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's inline readers r;
+  :math:`w = to(v)` and :math:`T_v \land R_r \Rightarrow L_r < P_w` for v's readers r in :math:`U_R`;
 * memory:     one cumulative constraint, capacity :math:`\lfloor B / q \rfloor` memory
   units (``problem.scale``), over the fixed live intervals of every value (the baseline
   :math:`b_k`: what no decision changes, a candidate's forward copy to :math:`fe(v)`)
   plus, per candidate, the optional intervals :math:`[fe(v)+1, L'_v]` present iff
-  :math:`S_v`, :math:`[P_v, L'_v]` present iff :math:`R_v` (none for an ``inline`` v),
+  :math:`S_v`, :math:`[P_v, L'_v]` present iff :math:`R_v` (none for v in :math:`U_R`),
   and :math:`[fe(v)+1, X_v]`, :math:`[Y_v, L'_v]` present iff :math:`O_v` (the device
   copy lives until its copy out ends, and again from its copy back on), with
   :math:`L'_v = L_v - T_v` (for the recomputed and reloaded copies :math:`L_v` where the
-  backward taker takes the saved copy only, ``Node.reuses_recomputed`` false). A ``fused``
-  v has no forward copy in the baseline: its saved and offloaded intervals start at v.
-  The stretches u's copy lives on for fused readers add :math:`[a_j, b_j]` present iff
-  :math:`Z_{u,j}`, with :math:`Z_{u,j} + S_u + O_u + S_w + O_w \ge 1` for each fused w
+  backward taker overwrites the saved copy only, ``Node.overwrites_copies``). A v in
+  :math:`U_F` has no forward copy in the baseline: its saved and offloaded intervals start
+  at v. The stretches u's copy lives on for the readers computing values of :math:`U_F`
+  add :math:`[a_j, b_j]` present iff :math:`Z_{u,j}`, with
+  :math:`Z_{u,j} + S_u + O_u + S_w + O_w \ge 1` for each w in :math:`U_F`
   whose reader reads u at :math:`b_j` or later (u stored covers them itself).
 
 * memory cuts: the rows of the memory constraint at the steps where it can bind,
@@ -120,7 +123,7 @@ if TYPE_CHECKING:
 from solvers.baselines import checkpoint_every, greedy
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
-from solvers.problem import Problem
+from solvers.problem import Copy, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import (
     Watch,
@@ -325,8 +328,8 @@ def add_anchor(m: Model) -> None:
 
 def add_last_use(m: Model) -> None:
     """L_v >= max bu(v); L_v >= P_v; R_w => L_u >= P_w for u in deps(w), L_u >= L_w where w
-    is inline; T_v => L_v <= to(v) for a backward taker; for a forward one w = to(v),
-    T_v => R_w, L_v <= P_w and, for its inline readers r, R_r => L_r < P_w (w's
+    is in U_R; T_v => L_v <= to(v) for a backward taker; for a forward one w = to(v),
+    T_v => R_w, L_v <= P_w and, for its readers r in U_R, R_r => L_r < P_w (w's
     recomputation reads v last, alone at its step)."""
     p = m.problem
     for v in m.L:
@@ -339,14 +342,14 @@ def add_last_use(m: Model) -> None:
             m.cp.add(m.L[v] <= w).only_enforce_if(taken)
             continue
         # w is v's last reader of all, so no backward op reads v: w's recomputation is
-        # the last read when it is the latest, and no inline reader reads v at its step.
+        # the last read when it is the latest, and no reader in U_R reads v at its step.
         m.cp.add_implication(taken, m.R[w])
         m.cp.add(m.L[v] <= m.P[w]).only_enforce_if(taken)
         for r in p.forward_users[v]:
-            if r != w and r in m.R and p.nodes[r].inline:
+            if r != w and r in m.R and not p.nodes[r].stores(Copy.RECOMPUTED):
                 m.cp.add(m.L[r] < m.P[w]).only_enforce_if([taken, m.R[r]])
     for w in m.R:
-        read_until = m.L[w] if p.nodes[w].inline else m.P[w]
+        read_until = m.P[w] if p.nodes[w].stores(Copy.RECOMPUTED) else m.L[w]
         for u in _candidate_deps(m, w):
             m.cp.add(m.L[u] >= read_until).only_enforce_if(m.R[w])
 
@@ -385,7 +388,7 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
     """cumulative(baseline b_k, [fe(v)+1, L_v'] if S_v, [P_v, L_v'] if R_v,
     [fe(v)+1, X_v] and [Y_v, L_v'] if O_v, [a_j, b_j] if Z_{u,j}) <= floor(B/q), with
     L_v' = L_v - T_v (L_v for the R and O copies where the taker takes the saved copy
-    only), and v in place of fe(v)+1 for a fused v."""
+    only), and v in place of fe(v)+1 for v in U_F."""
     p = m.problem
     scale = p.scale
     base = baseline(p)
@@ -395,8 +398,8 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         if level:
             intervals.append(m.cp.new_fixed_size_interval_var(lo, hi - lo + 1, f"base[{lo}]"))
             demands.append(scale.mem(level))
-    for u, lo, hi, vs in fused_extensions(p):
-        # u's forward copy lives on while a fused value that reads it is not stored, unless
+    for u, lo, hi, vs in unstored_extensions(p):
+        # u's forward copy lives on while a value of U_F that reads it is not saved, unless
         # u is stored itself (saved or offloaded: its stored copy covers these steps)
         own = [x[u] for x in (m.S, m.O) if u in x]
         if not own and any(v not in m.S for v in vs):
@@ -410,8 +413,8 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         size = scale.mem(p.nodes[v].size)
         if size == 0:
             continue
-        # a fused value's forward copy is there only with the saved or offloaded one
-        start = v if p.fused_reader(v) is not None else p.forward_end(v) + 1
+        # a forward copy in U_F is there only with the saved or offloaded one
+        start = v if p.computed_in(v) is not None else p.forward_end(v) + 1
         end: cp_model.LinearExprT = m.L[v] + 1
         if v in m.T:  # an interval's end must be one variable (affine)
             end = m.cp.new_int_var(p.n_forward, p.last_step + 1, f"end[{v}]")
@@ -422,7 +425,7 @@ def add_memory(m: Model, *, minimize_peak: bool) -> None:
         # taker takes the saved copy only.
         made_end = end if backward_copies_taken(p, v) else m.L[v] + 1
         shortest = 0 if v in m.T and backward_copies_taken(p, v) else 1  # recomputed right before its taker
-        if not p.nodes[v].inline:
+        if p.nodes[v].stores(Copy.RECOMPUTED):
             length = m.cp.new_int_var(shortest, p.last_step - p.n_forward + 1, f"len[{v}]")
             intervals.append(
                 m.cp.new_optional_interval_var(m.P[v], length, made_end, m.R[v], f"Recompute[{v}]")
@@ -454,7 +457,8 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
     takes the backward's copies too), or F for a value only
     recomputed users read (saved, it lives at least to the backward's first step; F - 1
     where a recomputation may take it over there), and
-    no R_v term for an inline v (its recomputation holds no memory). Each term is live whatever the other decisions,
+    no R_v term for v in U_R (its recomputation holds no memory). Each term is live whatever
+    the other decisions,
     so the row is implied by the cumulative; the cumulative alone gives CP-SAT no useful
     bound. Rows are added for the steps with the largest save-everything memory first, up
     to ``max_terms`` terms in all.
@@ -477,13 +481,13 @@ def add_memory_cuts(m: Model, *, max_terms: int = MAX_CUT_TERMS) -> None:
         if bu:
             made_end = end if backward_copies_taken(p, v) else max(bu)
             for k in range(min(bu), made_end + 1):
-                if not p.nodes[v].inline:
+                if p.nodes[v].stores(Copy.RECOMPUTED):
                     rows.setdefault(k, []).append((m.R[v], size))
                 if v in m.O:
                     rows.setdefault(k, []).append((m.O[v], size))
         if v in m.O:
             rows.setdefault(p.forward_end(v) + 1, []).append((m.O[v], size))
-        if p.fused_reader(v) is not None:  # its forward copy, saved or offloaded
+        if p.computed_in(v) is not None:  # its forward copy, saved or offloaded
             for k in range(v, p.forward_end(v) + 1):
                 rows.setdefault(k, []).extend((x[v], size) for x in (m.S, m.O) if v in x)
     potential = {k: scale.mem(base[k]) + sum(s for _, s in terms) for k, terms in rows.items()}
@@ -505,12 +509,12 @@ def two_phase(problem: Problem) -> None:
 def baseline(problem: Problem) -> list[int]:
     """Bytes live at each step whatever the plan decides: every value from its step to its
     last read, a candidate only to its last forward read (nothing saved or recomputed), a
-    fused value not at all, and the reads of fused values that no decision stores."""
+    value of U_F not at all, and the reads of the values of U_F that no decision stores."""
     delta = [0] * (len(problem.nodes) + 1)
     candidates = set(problem.candidates)
     for i, node in enumerate(problem.nodes):
-        if node.resident or node.size == 0 or problem.fused_reader(i) is not None:
-            continue  # a fused value's forward copy is there only if it is saved or offloaded
+        if node.resident or node.size == 0 or problem.computed_in(i) is not None:
+            continue  # a forward copy in U_F is there only if it is saved or offloaded
         if node.keep:
             hi = problem.last_step
         elif i in candidates:
@@ -519,7 +523,7 @@ def baseline(problem: Problem) -> list[int]:
             hi = problem.fixed_end(i)
         delta[i] += node.size
         delta[hi + 1] -= node.size
-    for u, lo, hi, vs in fused_extensions(problem):
+    for u, lo, hi, vs in unstored_extensions(problem):
         if u not in candidates and any(v not in candidates for v in vs):  # no decision changes it
             delta[lo] += problem.nodes[u].size
             delta[hi + 1] -= problem.nodes[u].size
@@ -819,7 +823,7 @@ def hint(model: Model, plan: Plan) -> None:
     """Start the search from ``plan`` (:func:`seed`'s)."""
     p = model.problem
     anchor = {s.node: s.before for s in plan.schedule}
-    last: dict[int, int] = {}  # L_v, users first: an inline user passes on its own
+    last: dict[int, int] = {}  # L_v, users first: a user in U_R passes on its own
     for v in sorted(model.S, reverse=True):
         decision = plan.decisions.get(v)
         model.cp.add_hint(model.S[v], decision is Decision.SAVE)
@@ -829,7 +833,7 @@ def hint(model: Model, plan: Plan) -> None:
         if v in anchor:
             model.cp.add_hint(model.P[v], anchor[v])
         consumers = [*p.backward_uses[v], *(
-            last.get(w, anchor[w]) if p.nodes[w].inline else anchor[w]
+            anchor[w] if p.nodes[w].stores(Copy.RECOMPUTED) else last.get(w, anchor[w])
             for w in p.forward_users[v] if plan.decisions.get(w) is Decision.RECOMPUTE)]
         if decision is not None and consumers:
             last[v] = max(consumers)
@@ -840,7 +844,7 @@ def hint(model: Model, plan: Plan) -> None:
                 model.cp.add_hint(model.T[v], last.get(v) == w)
             else:  # read last by w's recomputation (no backward op reads v), alone at its step
                 alone = all(last.get(r, -1) < anchor.get(w, -1) for r in p.forward_users[v]
-                            if r != w and p.nodes[r].inline and plan.decisions.get(r) is Decision.RECOMPUTE)
+                            if r != w and not p.nodes[r].stores(Copy.RECOMPUTED) and plan.decisions.get(r) is Decision.RECOMPUTE)
                 model.cp.add_hint(model.T[v], plan.decisions.get(w) is Decision.RECOMPUTE
                                   and last.get(v) == anchor.get(w) and alone)
 
@@ -848,29 +852,29 @@ def hint(model: Model, plan: Plan) -> None:
 def backward_copies_taken(p: Problem, v: int) -> bool:
     """Whether the op that takes v's storage over (if any) takes a copy the backward
     makes (recomputed or reloaded) as well as the saved one: not for a backward taker
-    without ``Node.reuses_recomputed``."""
+    without ``Node.overwrites_backward_copies``."""
     w = p.taken_over.get(v)
-    return w is None or w < p.n_forward or p.nodes[w].reuses_recomputed
+    return w is None or w < p.n_forward or p.nodes[w].overwrites_backward_copies
 
 
 def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
     """The forward op that takes v's storage over, where its recomputation may too: a
-    candidate that may be recomputed and holds a copy (not ``inline``)."""
+    candidate that may be recomputed and holds a copy (not in U_R)."""
     w = p.taken_over.get(v)
     if w is None or w >= p.n_forward or w not in candidates:
         return None
     node = p.nodes[w]
-    return w if node.recomputable and not node.inline else None
+    return w if node.recomputable and node.stores(Copy.RECOMPUTED) else None
 
 
-def fused_extensions(p: Problem) -> list[tuple[int, int, int, tuple[int, ...]]]:
+def unstored_extensions(p: Problem) -> list[tuple[int, int, int, tuple[int, ...]]]:
     """``(u, first, last, vs)``: steps over which u's forward copy lives on, beyond where it
-    ends when every fused value that reads it is stored, as long as one of the fused values
+    ends when every value of U_F that reads it is stored, as long as one of those values
     ``vs`` is not (its reader reads u at ``last`` or later). Disjoint, in step order per u."""
     candidates = set(p.candidates)
-    reads: dict[int, list[tuple[int, int]]] = {}  # u -> (step of the reader, fused value)
+    reads: dict[int, list[tuple[int, int]]] = {}  # u -> (step of the reader, value of U_F)
     for v in range(p.n_forward):
-        reader = p.fused_reader(v)
+        reader = p.computed_in(v)
         if reader is None:
             continue
         for u in set(p.nodes[v].deps):

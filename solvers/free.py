@@ -54,13 +54,14 @@ def floor(restricted: Problem) -> int:
     """A lower bound on the peak of any plan of ``restricted`` (:func:`only_free`'s): bytes
     live at the busiest step whatever it decides. A recomputable value lives at least to
     its last forward read; any other to its last read (saved, as nothing is offloaded). A
-    fused value that the backward need not find saved may hold nothing."""
+    value with an unstored forward copy that the backward need not find saved may hold
+    nothing."""
     p = restricted
     recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
     saved = {v for v in p.candidates if p.backward_uses[v] and v not in recomputable}
     delta = [0] * (len(p.nodes) + 1)
     for i, n in enumerate(p.nodes):
-        if n.resident or n.size == 0 or (p.fused_reader(i) is not None and i not in saved):
+        if n.resident or n.size == 0 or (p.computed_in(i) is not None and i not in saved):
             continue
         hi = p.last_step if n.keep else p.forward_end(i) if i in recomputable else p.fixed_end(i)
         delta[i] += n.size

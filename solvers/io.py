@@ -2,7 +2,7 @@
 
 A problem file is one JSON object (the schema, field by field, is ``docs/problem-format.md``)::
 
-    {"format": "rematc.problem", "version": 1, "name": "mlp", "budget": 1048576,
+    {"format": "rematc.problem", "version": 2, "name": "mlp", "budget": 1048576,
      "host_bandwidth": 0.0, "scale": {...}, "meta": {...},
      "nodes": [{"name": "x", "resident": true, "size": 4096}, ...]}
 
@@ -11,6 +11,10 @@ field may be left out and then takes :class:`~solvers.problem.Node`'s default. T
 writer writes every field, so that a file says what it means without this code.
 ``scale`` is written for readers of the file; the loader recomputes it from the nodes and
 only checks that it is an object.
+
+Version 1 files (problems written before the memory effects had their generic names:
+``reuses``, ``reuses_recomputed``, ``inline``, ``fused``) are read too and mean the same
+problem; the writer writes version 2.
 
 The loader is strict: a wrong format tag, an unsupported version, a missing or unknown
 key, a wrongly typed or out-of-range value, or a dependency that does not point to an
@@ -33,17 +37,23 @@ from collections.abc import Mapping
 from typing import TypeGuard, TypeVar
 
 from solvers.plan import Plan, PlanError
-from solvers.problem import MAX_BYTES, MAX_BYTES_TEXT, Node, Problem, ProblemError
+from solvers.problem import EVERY_COPY, MAX_BYTES, MAX_BYTES_TEXT, Copy, Node, Problem, ProblemError
 
 PROBLEM_FORMAT = "rematc.problem"
 PLAN_FORMAT = "rematc.plan"
-VERSION = 1  # the only version this module reads and writes
+VERSION = 2  # of problem files: the version the writer writes
+READ_VERSIONS = (1, 2)  # the problem versions the reader reads
+PLAN_VERSION = 1  # of plan files: the only one
 
 _PROBLEM_KEYS = ("format", "version", "name", "budget", "host_bandwidth", "scale", "meta", "nodes")
-_NODE_KEYS = (
+_COMMON_NODE_KEYS = (
     "name", "op", "deps", "backward", "size", "time", "flops", "recomputable", "offloadable",
-    "resident", "keep", "reuses", "reuses_recomputed", "inline", "fused",
+    "resident", "keep",
 )
+_NODE_KEYS = {
+    1: (*_COMMON_NODE_KEYS, "reuses", "reuses_recomputed", "inline", "fused"),
+    2: (*_COMMON_NODE_KEYS, "overwrites", "overwrites_copies", "unstored"),
+}
 _PLAN_KEYS = ("format", "version", "decisions", "schedule", "transfers")
 
 _E = TypeVar("_E", bound=ValueError)
@@ -87,23 +97,26 @@ def _node_to_json(n: Node) -> dict[str, object]:
         "offloadable": n.offloadable,
         "resident": n.resident,
         "keep": n.keep,
-        **({"reuses": n.reuses} if n.reuses is not None else {}),
-        **({"reuses_recomputed": False} if not n.reuses_recomputed else {}),
-        **({"inline": True} if n.inline else {}),
-        **({"fused": True} if n.fused else {}),
+        **({"overwrites": n.overwrites} if n.overwrites is not None else {}),
+        **({"overwrites_copies": _copies(n.overwrites_copies)} if n.overwrites_copies != EVERY_COPY else {}),
+        **({"unstored": _copies(n.unstored)} if n.unstored else {}),
     }
+
+
+def _copies(copies: frozenset[Copy]) -> list[str]:
+    return [c.value for c in Copy if c in copies]  # in the enum's order
 
 
 def problem_from_json(data: object) -> Problem:
     """The problem in ``data`` (a parsed JSON value); :class:`ProblemError` if malformed."""
     doc = _object(data, "the problem", ProblemError)
-    _check_envelope(doc, PROBLEM_FORMAT, _PROBLEM_KEYS, "", ProblemError)
+    version = _check_envelope(doc, PROBLEM_FORMAT, READ_VERSIONS, _PROBLEM_KEYS, "", ProblemError)
     if "nodes" not in doc:
         raise ProblemError("nodes: missing; a problem lists its values under 'nodes'")
     raw_nodes = doc["nodes"]
     if not isinstance(raw_nodes, list):
         raise ProblemError(f"nodes: expected a list of node objects, got {_show(raw_nodes)}")
-    nodes = tuple(_node_from_json(raw, i, len(raw_nodes)) for i, raw in enumerate(raw_nodes))
+    nodes = tuple(_node_from_json(raw, i, len(raw_nodes), version) for i, raw in enumerate(raw_nodes))
     total = 0
     for i, n in enumerate(nodes):
         total += n.size
@@ -130,10 +143,10 @@ def problem_from_json(data: object) -> Problem:
     )
 
 
-def _node_from_json(raw: object, i: int, count: int) -> Node:
+def _node_from_json(raw: object, i: int, count: int, version: int) -> Node:
     where = f"nodes[{i}]"
     obj = _object(raw, where, ProblemError)
-    _reject_unknown(obj, _NODE_KEYS, where, ProblemError)
+    _reject_unknown(obj, _NODE_KEYS[version], where, ProblemError)
     if "name" not in obj:
         raise ProblemError(f"{where}.name: missing; every node needs a unique name")
     name = _typed(obj, "name", where, str, "a string", "")
@@ -160,6 +173,8 @@ def _node_from_json(raw: object, i: int, count: int) -> Node:
         raise ProblemError(f"{where}.size: expected a non-negative int of bytes, got {_show(size)}")
     if size > MAX_BYTES:
         raise ProblemError(f"{where}.size: {size} bytes is over {MAX_BYTES_TEXT}: no device holds that much")
+    effects = _effects if version >= 2 else _effects_v1
+    overwrites, overwrites_copies, unstored = effects(obj, where, raw_deps)
     return Node(
         name=name,
         op=_typed(obj, "op", where, str, "a string", ""),
@@ -172,18 +187,48 @@ def _node_from_json(raw: object, i: int, count: int) -> Node:
         offloadable=_typed(obj, "offloadable", where, bool, "true or false", True),
         resident=_typed(obj, "resident", where, bool, "true or false", False),
         keep=_typed(obj, "keep", where, bool, "true or false", False),
-        reuses=_reuses(obj, where, raw_deps),
-        reuses_recomputed=_typed(obj, "reuses_recomputed", where, bool, "true or false", True),
-        inline=_typed(obj, "inline", where, bool, "true or false", False),
-        fused=_typed(obj, "fused", where, bool, "true or false", False),
+        overwrites=overwrites,
+        overwrites_copies=overwrites_copies,
+        unstored=unstored,
     )
 
 
-def _reuses(obj: Mapping[str, object], where: str, deps: list[object]) -> int | None:
-    value = obj.get("reuses")
+Effects = tuple[int | None, frozenset[Copy], frozenset[Copy]]  # overwrites, its copies, unstored
+
+
+def _effects(obj: Mapping[str, object], where: str, deps: list[object]) -> Effects:
+    """The memory effects of a version-2 node."""
+    return (_dep(obj, "overwrites", where, deps), _copy_set(obj, "overwrites_copies", where, EVERY_COPY),
+            _copy_set(obj, "unstored", where, frozenset()))
+
+
+def _effects_v1(obj: Mapping[str, object], where: str, deps: list[object]) -> Effects:
+    """A version-1 node's effects in version 2's words: ``reuses`` is ``overwrites``,
+    ``reuses_recomputed: false`` overwrites the forward copy only, ``fused`` leaves the
+    forward copy unstored and ``inline`` the recomputed one."""
+    recomputed = _typed(obj, "reuses_recomputed", where, bool, "true or false", True)
+    inline = _typed(obj, "inline", where, bool, "true or false", False)
+    fused = _typed(obj, "fused", where, bool, "true or false", False)
+    unstored = {*([Copy.FORWARD] if fused else []), *([Copy.RECOMPUTED] if inline else [])}
+    return (_dep(obj, "reuses", where, deps), EVERY_COPY if recomputed else frozenset({Copy.FORWARD}),
+            frozenset(unstored))
+
+
+def _dep(obj: Mapping[str, object], key: str, where: str, deps: list[object]) -> int | None:
+    value = obj.get(key)
     if value is not None and not (_is_int(value) and value in deps):
-        raise ProblemError(f"{where}.reuses: expected one of the node's deps {deps} or null, got {_show(value)}")
+        raise ProblemError(f"{where}.{key}: expected one of the node's deps {deps} or null, got {_show(value)}")
     return value if _is_int(value) else None
+
+
+def _copy_set(obj: Mapping[str, object], key: str, where: str, default: frozenset[Copy]) -> frozenset[Copy]:
+    value = obj.get(key)
+    if value is None:
+        return default
+    names = [c.value for c in Copy]
+    if not (isinstance(value, list) and all(isinstance(c, str) and c in names for c in value)):
+        raise ProblemError(f"{where}.{key}: expected a list of copies among {names}, got {_show(value)}")
+    return frozenset(Copy(c) for c in value)
 
 
 def save_problem(problem: Problem, path: str | os.PathLike[str]) -> None:
@@ -211,13 +256,13 @@ def load_problem(path: str | os.PathLike[str]) -> Problem:
 
 def plan_to_json(plan: Plan) -> dict[str, object]:
     """``plan`` as a JSON-ready dict: :meth:`Plan.to_json` with a format tag and version."""
-    return {"format": PLAN_FORMAT, "version": VERSION, **plan.to_json()}
+    return {"format": PLAN_FORMAT, "version": PLAN_VERSION, **plan.to_json()}
 
 
 def plan_from_json(data: object) -> Plan:
     """The plan in ``data`` (a parsed JSON value); :class:`PlanError` if malformed."""
     doc = _object(data, "the plan", PlanError)
-    _check_envelope(doc, PLAN_FORMAT, _PLAN_KEYS, "", PlanError)
+    _check_envelope(doc, PLAN_FORMAT, (PLAN_VERSION,), _PLAN_KEYS, "", PlanError)
     if "decisions" not in doc:
         raise PlanError("decisions: missing; a plan maps value indices to decisions")
     decisions = _object(doc["decisions"], "decisions", PlanError)
@@ -273,20 +318,24 @@ def _read_json(path: str | os.PathLike[str], error: type[_E]) -> object:
 
 
 def _check_envelope(
-    doc: dict[str, object], fmt: str, keys: tuple[str, ...], where: str, error: type[_E]
-) -> None:
+    doc: dict[str, object], fmt: str, versions: tuple[int, ...], keys: tuple[str, ...], where: str,
+    error: type[_E],
+) -> int:
+    """The file's version, once its format tag, version and top-level keys are checked."""
     if "format" not in doc:
         raise error(f'format: missing; expected "format": "{fmt}"')
     if doc["format"] != fmt:
         raise error(f"format: expected {fmt!r}, got {_show(doc['format'])}")
     if "version" not in doc:
-        raise error(f'version: missing; expected "version": {VERSION}')
+        raise error(f'version: missing; expected "version": {versions[-1]}')
     version = doc["version"]
     if not _is_int(version):
         raise error(f"version: expected an int, got {_show(version)}")
-    if version != VERSION:
-        raise error(f"version: {version} is not supported; this reader understands version {VERSION}")
+    if version not in versions:
+        understood = " and ".join(str(v) for v in versions)
+        raise error(f"version: {version} is not supported; this reader understands version {understood}")
     _reject_unknown(doc, keys, where, error)
+    return version
 
 
 def _object(value: object, where: str, error: type[_E]) -> dict[str, object]:

@@ -13,20 +13,21 @@ in :mod:`solvers.cpsat` encodes it):
 * any other value occupies ``size`` bytes from the step that computes it to the step of
   its last use (inclusive: an op's inputs and its output coexist while it runs);
 * ``keep`` values (the forward's outputs, the gradients) stay until the end of the step;
-* a value whose storage its last reader takes over (``Node.reuses``: Inductor writes an
-  elementwise kernel's output into a same-sized input that dies there) ends one step
-  early, so the two do not both count at that step: each copy whose last read is that
-  reader's (:attr:`Problem.taken_over`), or that reader's recomputation, where it is a
-  forward op. A saved or offloaded forward copy is a forward output, which is never
-  overwritten in the forward; a backward reader with ``reuses_recomputed`` false takes
-  over the saved forward copy only, never a copy the backward recomputes or reloads;
-* in a two-phase problem, a recomputation of an ``inline`` value holds no memory: the
-  ops that read it compute it themselves (Inductor inlines a cheap elementwise value
-  into each elementwise reader), so the values it reads are read at each of its reads;
-* in a two-phase problem, a ``fused`` forward value that is neither saved nor offloaded
-  has no forward copy: its one forward reader computes it (Inductor inlines an
-  elementwise value into its only reader, and the forward's graph holds only the
-  forward's readers), so what it reads is read at that reader's step instead.
+* a value whose storage its last reader writes over (``Node.overwrites``: a kernel writes
+  its output into a same-sized input that dies there) ends one step early, so the two do
+  not both count at that step: each copy whose last read is that reader's
+  (:attr:`Problem.taken_over`), or that reader's recomputation, where it is a forward op.
+  A saved or offloaded forward copy is a forward output, which is never overwritten in
+  the forward; a backward reader whose ``overwrites_copies`` leaves out the copies the
+  backward makes writes over the saved forward copy only;
+* in a two-phase problem a copy named in ``Node.unstored`` holds no memory: the ops that
+  read it compute it themselves, so what it reads is read at each of their steps
+  instead. An unstored ``RECOMPUTED`` copy is computed inside each reader of the
+  recomputation; an unstored ``FORWARD`` copy, unless the value is saved or offloaded
+  (then the forward stores it), inside its one forward reader.
+
+These effects are the problem's whole vocabulary for what a compiler does to memory; the
+rules that set them for Inductor are ``rematc.inductor_rules``.
 
 The budget bounds the peak of that sum over the step, in bytes.
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 
 # The most bytes a problem may hold, all its values together, and the largest budget:
@@ -53,6 +55,17 @@ MAX_BYTES_TEXT = "2**53 bytes (8 PiB)"
 
 class ProblemError(ValueError):
     """A problem that is not well formed; the message names the node and the mistake."""
+
+
+class Copy(Enum):
+    """The copies of a value a plan may make."""
+
+    FORWARD = "forward"  # the forward computes it (kept to the backward where saved)
+    RECOMPUTED = "recomputed"  # the backward recomputes it
+    RELOADED = "reloaded"  # copied back from host memory after an offload
+
+
+EVERY_COPY = frozenset(Copy)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,21 +83,25 @@ class Node:
     offloadable: bool = True  # False where no copy can stand in for it (views, symbolic sizes)
     resident: bool = False  # alive before the step (parameters, inputs): costs no budget
     keep: bool = False  # stays until the end of the step (outputs, gradients)
-    # A dep of the same size whose storage this value may be written into when it is that
-    # dep's last reader (Inductor's in-place reuse of a dying input by an elementwise kernel).
-    reuses: int | None = None
-    # False: a backward op writes over ``reuses``'s saved forward copy only, not over a copy
-    # the backward makes (a recomputation or reload): Inductor stores an intermediate of the
-    # kernel ahead of that copy and writes over the intermediate instead.
-    reuses_recomputed: bool = True
-    # Recomputed, it is computed inside each op that reads it rather than stored (Inductor
-    # inlines a cheap elementwise value into every elementwise reader): the recomputation
-    # holds no memory, and what it reads is read at each of its reads instead.
-    inline: bool = False
-    # Unless saved or offloaded, the forward computes it inside its one forward reader and
-    # never stores it (Inductor inlines an elementwise value into its only reader): its
-    # forward copy holds no memory, and what it reads is read at that reader instead.
-    fused: bool = False
+    # A dep of the same size whose storage this op writes its output into where it reads
+    # that dep's copy last.
+    overwrites: int | None = None
+    # The copies of ``overwrites`` it writes into: every copy, or the forward one only (a
+    # backward op that writes over a saved copy but never over one the backward makes).
+    overwrites_copies: frozenset[Copy] = EVERY_COPY
+    # Copies of this value that hold no memory: each op that reads one computes it itself.
+    # FORWARD: unless saved or offloaded, its one forward reader computes it. RECOMPUTED:
+    # each reader of its recomputation computes it.
+    unstored: frozenset[Copy] = frozenset()
+
+    def stores(self, copy: Copy) -> bool:
+        """Whether this value's ``copy`` holds memory of its own (see ``unstored``)."""
+        return copy not in self.unstored
+
+    @property
+    def overwrites_backward_copies(self) -> bool:
+        """Whether ``overwrites`` covers the copies the backward makes (recomputed, reloaded)."""
+        return Copy.RECOMPUTED in self.overwrites_copies
 
 
 @dataclass(frozen=True)
@@ -209,7 +226,7 @@ class Problem:
             return {}
         out: dict[int, int] = {}
         for v, n in enumerate(self.nodes):
-            u = n.reuses
+            u = n.overwrites
             if u is None:
                 continue
             src = self.nodes[u]
@@ -218,19 +235,20 @@ class Problem:
             out[u] = v
         return out
 
-    def fused_reader(self, i: int) -> int | None:
-        """The forward step that computes a ``fused`` value when the forward does not
-        store it (its one forward reader); None for any other value."""
-        if not self.nodes[i].fused or self.single_phase:
+    def computed_in(self, i: int) -> int | None:
+        """The forward step that computes a value whose forward copy is unstored
+        (``Copy.FORWARD`` in ``Node.unstored``) when the forward does not store it: its one
+        forward reader; None for any other value."""
+        if self.nodes[i].stores(Copy.FORWARD) or self.single_phase:
             return None
         return self.forward_users[i][0]
 
     def copy_out_from(self, i: int) -> int:
         """The first forward step a copy of value ``i`` to the host may run beside: after
-        its last forward read, counting the reads of the fused values that read it, which
-        their readers make when those values are not stored."""
-        fused = [r for u in self.forward_users[i] if (r := self.fused_reader(u)) is not None]
-        return max([self.last_forward_use[i], *fused]) + 1
+        its last forward read, counting the reads of the values with an unstored forward
+        copy that read it, which their readers make when those values are not stored."""
+        computing = [r for u in self.forward_users[i] if (r := self.computed_in(u)) is not None]
+        return max([self.last_forward_use[i], *computing]) + 1
 
     def fixed_end(self, i: int) -> int:
         """The last step a value lives when it has one copy, read by ops only: its last
@@ -335,22 +353,25 @@ def _validate(p: Problem) -> None:
             raise ProblemError(f"{where}: forward value after the first backward value")
         if n.resident and (n.deps or n.backward):
             raise ProblemError(f"{where}: a resident value must be a forward input with no deps")
-        if n.reuses is not None and (not _is_int(n.reuses) or n.reuses not in n.deps):
-            raise ProblemError(f"{where}: reuses must be one of its deps {list(n.deps)}, got {n.reuses!r}")
-        if not isinstance(n.reuses_recomputed, bool):
-            raise ProblemError(f"{where}: reuses_recomputed must be a bool, got {n.reuses_recomputed!r}")
-        for flag in ("inline", "fused"):
-            if not isinstance(getattr(n, flag), bool):
-                raise ProblemError(f"{where}: {flag} must be a bool, got {getattr(n, flag)!r}")
-        if n.fused and (n.backward or n.resident or n.keep):
-            raise ProblemError(f"{where}: only an ordinary forward value may be fused "
-                               "(not a backward, resident or kept one)")
+        if n.overwrites is not None and (not _is_int(n.overwrites) or n.overwrites not in n.deps):
+            raise ProblemError(f"{where}: overwrites must be one of its deps {list(n.deps)}, got {n.overwrites!r}")
+        _check_copies(n.overwrites_copies, f"{where}: overwrites_copies")
+        if Copy.FORWARD not in n.overwrites_copies or (
+                (Copy.RECOMPUTED in n.overwrites_copies) != (Copy.RELOADED in n.overwrites_copies)):
+            raise ProblemError(f"{where}: overwrites_copies must be every copy or the forward one only, "
+                               f"got {sorted(c.value for c in n.overwrites_copies)}")
+        _check_copies(n.unstored, f"{where}: unstored")
+        if Copy.RELOADED in n.unstored:
+            raise ProblemError(f"{where}: unstored cannot hold the reloaded copy (a copy back is stored)")
+        if not n.stores(Copy.FORWARD) and (n.backward or n.resident or n.keep):
+            raise ProblemError(f"{where}: only an ordinary forward value may leave its forward copy "
+                               "unstored (not a backward, resident or kept one)")
     for i, n in enumerate(p.nodes):
-        if n.fused and not p.single_phase:
+        if not n.stores(Copy.FORWARD) and not p.single_phase:
             readers = p.forward_users[i]
-            if len(readers) != 1 or p.nodes[readers[0]].fused:
-                raise ProblemError(f"node #{i} {n.name!r}: a fused value needs exactly one forward "
-                                   f"reader that is not fused itself, it has {len(readers)}")
+            if len(readers) != 1 or not p.nodes[readers[0]].stores(Copy.FORWARD):
+                raise ProblemError(f"node #{i} {n.name!r}: an unstored forward copy needs exactly one "
+                                   f"forward reader whose own forward copy is stored, it has {len(readers)}")
     if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
         raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
     if p.budget is not None and p.budget > MAX_BYTES:
@@ -379,6 +400,11 @@ def _check_copy_time(p: Problem) -> None:
             "64-bit arithmetic is sized for; raise host_bandwidth, or set it to 0 to plan "
             "without offloading"
         )
+
+
+def _check_copies(copies: object, where: str) -> None:
+    if not isinstance(copies, frozenset) or not all(isinstance(c, Copy) for c in copies):
+        raise ProblemError(f"{where} must be a frozenset of solvers.Copy, got {copies!r}")
 
 
 def _is_int(x: object) -> bool:

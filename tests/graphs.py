@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from solvers import Node, Problem
-from solvers.problem import chain_problem, node
+from solvers.problem import EVERY_COPY, Copy, chain_problem, node
 
 
 def P(*nodes: Node, budget: int | None = None, host_bandwidth: float = 0.0) -> Problem:
@@ -69,7 +69,7 @@ def forward_takeover() -> Problem:
     step 0 unless x is kept for a recomputation of y."""
     return P(
         node("x", size=2, time=1.0),  # 0
-        node("y", 0, size=2, time=1.0, reuses=0),  # 1
+        node("y", 0, size=2, time=1.0, overwrites=0),  # 1
         node("loss", 1, size=1, keep=True),  # 2
         node("gy", 1, 2, size=1, backward=True, keep=True),  # 3
     )
@@ -82,7 +82,7 @@ def recomputed_takeover() -> Problem:
     return P(
         node("x", size=2, time=1.0),  # 0
         node("z", 0, size=1, time=1.0),  # 1
-        node("y", 0, size=2, time=1.0, reuses=0),  # 2
+        node("y", 0, size=2, time=1.0, overwrites=0),  # 2
         node("loss", 1, 2, size=1, keep=True),  # 3
         node("g", 1, 3, size=1, backward=True),  # 4
         node("gy", 2, 4, size=1, backward=True, keep=True),  # 5
@@ -95,9 +95,9 @@ def inline_beside_taker() -> Problem:
     there, which keeps x's copy through that step."""
     return P(
         node("x", size=2, time=1.0),  # 0
-        node("m", 0, size=1, time=1.0, inline=True),  # 1
+        node("m", 0, size=1, time=1.0, unstored=frozenset({Copy.RECOMPUTED})),  # 1
         node("z", 1, size=1, time=1.0),  # 2
-        node("y", 0, size=2, time=1.0, reuses=0),  # 3
+        node("y", 0, size=2, time=1.0, overwrites=0),  # 3
         node("loss", 2, 3, size=1, keep=True),  # 4
         node("g", 2, 3, 4, size=1, backward=True, keep=True),  # 5
     )
@@ -112,7 +112,8 @@ def backward_takeover(host_bandwidth: float = 0.0, *, saved_only: bool = False) 
         node("w", 0, size=1, time=1.0),  # 1
         node("loss", 1, size=1, keep=True, time=3.0),  # 2
         node("g1", 2, size=2, backward=True, time=3.0),  # 3
-        node("g2", 0, 3, size=2, backward=True, reuses=0, reuses_recomputed=not saved_only),  # 4
+        node("g2", 0, 3, size=2, backward=True, overwrites=0,
+             overwrites_copies=frozenset({Copy.FORWARD}) if saved_only else EVERY_COPY),  # 4
         node("g3", 1, 4, size=1, backward=True, keep=True),  # 5
         host_bandwidth=host_bandwidth,
     )
@@ -120,17 +121,17 @@ def backward_takeover(host_bandwidth: float = 0.0, *, saved_only: bool = False) 
 
 def loss_head() -> Problem:
     """The GPT-2 loss head in miniature. #1 x (the logits) is read by #2 m (a reduction)
-    and last by #3 y (the log-softmax), which is written over it, ``inline`` (recomputed,
-    its one backward reader computes it) and ``fused`` (not saved, the loss #4 computes it
-    and the forward never stores it). #6 g, the loss gradient, reads y last and is written
-    over y's saved copy only (``reuses_recomputed`` false)."""
+    and last by #3 y (the log-softmax), which is written over it, with both its copies
+    unstored: recomputed, its one backward reader computes it; not saved, the loss #4
+    computes it and the forward never stores it. #6 g, the loss gradient, reads y last and
+    is written over y's saved copy only (``overwrites_copies`` the forward copy)."""
     return P(
         node("h", size=1, time=4.0),  # 0
         node("x", 0, size=2, time=4.0),  # 1
         node("m", 1, size=1, time=1.0),  # 2
-        node("y", 1, 2, size=2, time=1.0, reuses=1, inline=True, fused=True),  # 3
+        node("y", 1, 2, size=2, time=1.0, overwrites=1, unstored=frozenset(Copy) - {Copy.RELOADED}),  # 3
         node("loss", 3, size=1, keep=True),  # 4
         node("t", size=1, backward=True),  # 5
-        node("g", 3, 5, size=2, backward=True, reuses=3, reuses_recomputed=False),  # 6
+        node("g", 3, 5, size=2, backward=True, overwrites=3, overwrites_copies=frozenset({Copy.FORWARD})),  # 6
         node("gh", 0, 6, size=1, backward=True, keep=True),  # 7
     )

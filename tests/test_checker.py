@@ -21,7 +21,7 @@ from solvers import (
     check,
     plan_from_decisions,
 )
-from solvers.problem import ProblemError, node
+from solvers.problem import Copy, ProblemError, node
 from tests.graphs import (
     P,
     backward_takeover,
@@ -93,15 +93,15 @@ def test_in_place_reader_takes_a_dying_input_over() -> None:
         node("x", 0, size=2),  # 1
         node("loss", 1, size=1, keep=True),  # 2
         node("g1", 2, size=4, backward=True),  # 3
-        node("g2", 3, 1, size=4, backward=True, reuses=3),  # 4
-        node("g3", 4, size=4, backward=True, reuses=4),  # 5
+        node("g2", 3, 1, size=4, backward=True, overwrites=3),  # 4
+        node("g3", 4, size=4, backward=True, overwrites=4),  # 5
         node("g4", 4, 5, size=1, backward=True, keep=True),  # 6
     )
     assert p.taken_over == {3: 4}
     r = run(p, {1: S})
     assert r.timeline == (0, 2, 3, 7, 7, 9, 10)
     # Without the mark g1 and g2 both count at step 4.
-    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    plain = P(*(dataclasses.replace(n, overwrites=None) for n in p.nodes))
     assert run(plain, {1: S}).timeline == (0, 2, 3, 7, 11, 9, 10)
 
 
@@ -109,7 +109,7 @@ def test_a_value_read_after_its_in_place_reader_is_not_taken_over() -> None:
     # gx reads x after y: the mark on y is ignored.
     p = P(
         node("x", size=2),  # 0
-        node("y", 0, size=2, reuses=0),  # 1
+        node("y", 0, size=2, overwrites=0),  # 1
         node("loss", 1, size=1, keep=True),  # 2
         node("gx", 0, 2, size=1, backward=True, keep=True),  # 3
     )
@@ -132,7 +132,7 @@ def test_a_recomputed_copy_is_taken_over_by_its_readers_recomputation() -> None:
     # chain holds one buffer there (x's copy ends before it starts), not two.
     p = forward_takeover()
     assert run(p, {0: R, 1: R}).timeline == (2, 2, 3, 4)
-    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    plain = P(*(dataclasses.replace(n, overwrites=None) for n in p.nodes))
     assert run(plain, {0: R, 1: R}).timeline == (2, 4, 3, 6)
 
 
@@ -142,7 +142,7 @@ def test_a_copy_recomputed_early_lives_until_its_takers_recomputation() -> None:
     p = recomputed_takeover()
     assert p.taken_over == {0: 2}
     assert run(p, {0: R, 1: R, 2: R}).timeline == (2, 3, 3, 4, 5, 5)
-    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    plain = P(*(dataclasses.replace(n, overwrites=None) for n in p.nodes))
     assert run(plain, {0: R, 1: R, 2: R}).timeline == (2, 3, 5, 4, 5, 7)
 
 
@@ -164,7 +164,7 @@ def test_a_backward_copy_is_taken_over_by_its_last_reader() -> None:
     assert run(p, {0: S, 1: S}).timeline == (2, 3, 4, 6, 6, 5)
     assert run(p, {0: R, 1: S}).timeline == (2, 3, 2, 4, 6, 5)
     assert run(p, {0: S, 1: R}).timeline == (2, 3, 4, 5, 7, 7)
-    plain = P(*(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    plain = P(*(dataclasses.replace(n, overwrites=None) for n in p.nodes))
     assert run(plain, {0: S, 1: S}).timeline == (2, 3, 4, 6, 8, 5)
 
 
@@ -202,7 +202,7 @@ def test_inline_recomputation_holds_no_memory_and_reads_at_its_reads() -> None:
     )
     stored = run(p, {0: S, 1: R})
     assert stored.timeline == (4, 12, 13, 6, 16, 13)
-    q = P(*(dataclasses.replace(n, inline=n.name == "y") for n in p.nodes))
+    q = P(*(dataclasses.replace(n, unstored=frozenset({Copy.RECOMPUTED} if n.name == "y" else ())) for n in p.nodes))
     inline = run(q, {0: S, 1: R})
     assert inline.timeline == (4, 12, 13, 6, 8, 9)
     assert inline.added_time == stored.added_time  # the same recomputation, counted once
@@ -216,33 +216,33 @@ def test_a_fused_value_is_stored_only_when_saved() -> None:
     # y saved: stored from step 3, written over x (x [1,2], m [2,3]) and taken over by g
     # (y [3,5]).
     p = loss_head()
-    assert p.fused_reader(3) == 4
+    assert p.computed_in(3) == 4
     assert run(p, {0: S, 3: S}).timeline == (1, 3, 4, 4, 4, 5, 5, 5)
     # y recomputed: the loss computes it, so the forward never stores it and reads x and
     # m at step 4; recomputed inside g, it reads them there (x [1,6], m [2,6]).
     assert run(p, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 4, 5, 6, 8, 5)
     # Not fused, y's forward copy counts beside the saved x at steps 3 and 4.
-    plain = P(*(dataclasses.replace(n, fused=False) for n in p.nodes))
+    plain = P(*(dataclasses.replace(n, unstored=frozenset()) for n in p.nodes))
     assert run(plain, {0: S, 1: S, 2: S, 3: R}).timeline == (1, 3, 4, 6, 7, 6, 8, 5)
     # Nothing saved but h: x's forward copy lives to the loss (x [1,4], m [2,4]).
     assert run(p, {0: S, 1: R, 2: R, 3: R}).timeline == (1, 3, 4, 4, 5, 3, 8, 5)
 
 
 @pytest.mark.parametrize(("nodes", "message"), [
-    ((node("x", size=1, fused=True), node("a", 0), node("b", 0), node("g", 0, backward=True)),
+    ((node("x", size=1, unstored=frozenset({Copy.FORWARD})), node("a", 0), node("b", 0), node("g", 0, backward=True)),
      "exactly one forward reader"),
-    ((node("x", size=1, fused=True), node("a", 0, fused=True), node("b", 1), node("g", 0, backward=True)),
-     "not fused itself"),
-    ((node("x", size=1), node("g", 0, backward=True, fused=True)), "only an ordinary forward value"),
+    ((node("x", size=1, unstored=frozenset({Copy.FORWARD})), node("a", 0, unstored=frozenset({Copy.FORWARD})), node("b", 1), node("g", 0, backward=True)),
+     "whose own forward copy is stored"),
+    ((node("x", size=1), node("g", 0, backward=True, unstored=frozenset({Copy.FORWARD}))), "only an ordinary forward value"),
 ])
-def test_fused_needs_one_forward_reader(nodes: tuple[Node, ...], message: str) -> None:
+def test_an_unstored_forward_copy_needs_one_forward_reader(nodes: tuple[Node, ...], message: str) -> None:
     with pytest.raises(ProblemError, match=message):
         P(*nodes)
 
 
-def test_reuses_must_name_a_dep() -> None:
-    with pytest.raises(ProblemError, match="reuses must be one of its deps"):
-        P(node("a", size=1), node("b", size=1), node("c", 0, size=1, reuses=1))
+def test_overwrites_must_name_a_dep() -> None:
+    with pytest.raises(ProblemError, match="overwrites must be one of its deps"):
+        P(node("a", size=1), node("b", size=1), node("c", 0, size=1, overwrites=1))
 
 
 def test_chain_save_all() -> None:

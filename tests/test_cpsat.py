@@ -38,7 +38,7 @@ from solvers import (
     solve,
 )
 from solvers.plan import rematerialize_anchors
-from solvers.problem import chain_problem, node
+from solvers.problem import EVERY_COPY, Copy, chain_problem, node
 from tests.graphs import (
     P,
     backward_takeover,
@@ -480,12 +480,13 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
         nodes.append(Node(
             name=f"f{k}",
             deps=deps,
-            reuses=reuses,
+            overwrites=reuses,
             size=nodes[reuses].size if reuses is not None else unit * draw(st.integers(0, 6)),
             time=float(draw(st.integers(0, 5))),
             recomputable=draw(st.integers(0, 5)) > 0,
             keep=draw(st.integers(0, 9)) == 0,
-            inline=draw(st.integers(0, 3)) == 0,  # recomputed, its readers compute it
+            # recomputed, its readers compute it
+            unstored=frozenset({Copy.RECOMPUTED}) if draw(st.integers(0, 3)) == 0 else frozenset(),
         ))
     n_forward = len(nodes)
     n_backward = draw(st.integers(2, 5))
@@ -496,21 +497,22 @@ def small_problems(draw: st.DrawFn, max_forward: int = 7, offload: bool = False)
         nodes.append(Node(
             name=f"b{k}",
             deps=tuple(sorted(reads)),
-            reuses=reuses,
-            reuses_recomputed=reuses is None or draw(st.booleans()),  # or the saved copy only
+            overwrites=reuses,
+            # every copy, or the saved one only
+            overwrites_copies=EVERY_COPY if reuses is None or draw(st.booleans()) else frozenset({Copy.FORWARD}),
             size=nodes[reuses].size if reuses is not None else unit * draw(st.integers(0, 6)),
             time=float(draw(st.integers(0, 5))) if offload else 0.0,  # compute to hide copies under
             backward=True,
             keep=k == n_backward - 1 or draw(st.booleans()),
         ))
-    # Some forward values with one forward reader are fused (stored only when saved); the
-    # reader of a fused value is not fused itself, so go from the last.
+    # Some forward values with one forward reader leave their forward copy unstored (stored
+    # only when saved); their reader's own is stored, so go from the last.
     readers = [[w for w in range(n_forward) if v in nodes[w].deps] for v in range(n_forward)]
     for v in reversed(range(n_forward)):
         node = nodes[v]
         if (not node.resident and not node.keep and len(readers[v]) == 1
-                and not nodes[readers[v][0]].fused and draw(st.integers(0, 2)) == 0):
-            nodes[v] = dataclasses.replace(node, fused=True)
+                and nodes[readers[v][0]].stores(Copy.FORWARD) and draw(st.integers(0, 2)) == 0):
+            nodes[v] = dataclasses.replace(node, unstored=node.unstored | {Copy.FORWARD})
     bandwidth = float(draw(st.sampled_from([1, 2, 4, 8]))) * unit if offload else 0.0
     return Problem(nodes=tuple(nodes), host_bandwidth=bandwidth, name="random")
 
@@ -541,28 +543,28 @@ def test_random_dag_with_offload_matches_brute_force(p: Problem) -> None:
 @st.composite
 def loss_heads(draw: st.DrawFn) -> Problem:
     """A small random problem with a loss head spliced in (as :func:`tests.graphs.loss_head`):
-    at the forward's end x reads a random forward value, m and y read x, y is inline,
-    perhaps fused, and written over x, and the loss reads y; a last backward value g reads
+    at the forward's end x reads a random forward value, m and y read x, y's recomputed copy
+    is unstored, perhaps its forward one too, and it is written over x, and the loss reads y; a last backward value g reads
     y and is written over it, perhaps over its saved copy only."""
     base = draw(small_problems(max_forward=4))
     f, k = base.n_forward, 4
     src = draw(st.integers(0, f - 1))
     nodes = list(base.nodes)
-    nodes[src] = dataclasses.replace(nodes[src], fused=False)  # x becomes a second reader
+    nodes[src] = dataclasses.replace(nodes[src], unstored=nodes[src].unstored - {Copy.FORWARD})  # x: a second reader
     size = draw(st.integers(1, 6))
     shift = lambda d: d + k if d >= f else d  # noqa: E731
     head = [
         Node(name="x", deps=(src,), size=size, time=float(draw(st.integers(0, 5)))),
         Node(name="m", deps=(f,), size=draw(st.integers(0, 2)), time=1.0),
-        Node(name="y", deps=(f, f + 1), size=size, time=float(draw(st.integers(0, 3))), reuses=f,
-             inline=True, fused=draw(st.booleans())),
+        Node(name="y", deps=(f, f + 1), size=size, time=float(draw(st.integers(0, 3))), overwrites=f,
+             unstored=frozenset({Copy.RECOMPUTED, *([Copy.FORWARD] if draw(st.booleans()) else [])})),
         Node(name="loss", deps=(f + 2,), size=1, keep=True),
     ]
     backward = [dataclasses.replace(n, deps=tuple(map(shift, n.deps)),
-                                    reuses=None if n.reuses is None else shift(n.reuses))
+                                    overwrites=None if n.overwrites is None else shift(n.overwrites))
                 for n in nodes[f:]]
     g = Node(name="g", deps=(f + 2, len(base.nodes) + k - 1), size=size, backward=True, keep=True,
-             reuses=f + 2, reuses_recomputed=draw(st.booleans()))
+             overwrites=f + 2, overwrites_copies=EVERY_COPY if draw(st.booleans()) else frozenset({Copy.FORWARD}))
     return Problem(nodes=(*nodes[:f], *head, *backward, g), name="loss head")
 
 

@@ -34,7 +34,7 @@ from rematc.capture import (
 from rematc.devices import profile_for
 from rematc.models import GPTConfig, make_gpt
 from rematc.partition import capture_stage
-from solvers import check
+from solvers import Copy, check
 from solvers.baselines import plan_with
 
 
@@ -226,9 +226,9 @@ def test_in_place_kernels_take_a_dying_input_over(both: tuple[Captured, Captured
     over it (Inductor's in-place reuse), and the checker ends that input a step early;
     the eager route's capture marks nothing."""
     plain, fused = both
-    assert all(n.reuses is None for n in plain.problem.nodes)
+    assert all(n.overwrites is None for n in plain.problem.nodes)
     p = fused.problem
-    marked = [(v, n.reuses) for v, n in enumerate(p.nodes) if n.reuses is not None]
+    marked = [(v, n.overwrites) for v, n in enumerate(p.nodes) if n.overwrites is not None]
     assert marked
     for v, u in marked:
         head = fused.groups[v][0]
@@ -236,7 +236,7 @@ def test_in_place_kernels_take_a_dying_input_over(both: tuple[Captured, Captured
         assert p.nodes[u].size == p.nodes[v].size and p.users[u][-1] == v
         assert any(fused.groups[u][0] in n.all_input_nodes for n in fused.groups[v])
         assert p.taken_over[u] == v and p.fixed_end(u) == v - 1
-    unmarked = dataclasses.replace(p, nodes=tuple(dataclasses.replace(n, reuses=None) for n in p.nodes))
+    unmarked = dataclasses.replace(p, nodes=tuple(dataclasses.replace(n, overwrites=None) for n in p.nodes))
     everything = plan_with(p, set())
     assert check(p, everything).peak <= check(unmarked, plan_with(unmarked, set())).peak
 
@@ -268,7 +268,7 @@ def test_a_kernel_takes_over_an_input_it_reads_through_an_unstored_value() -> No
     assert len(relus) == 2
     for u in relus:
         v = p.users[u][-1]  # BatchNorm's input-gradient kernel
-        w = p.nodes[v].reuses  # the ReLU's output or its convolution's, both die there
+        w = p.nodes[v].overwrites  # the ReLU's output or its convolution's, both die there
         assert p.nodes[v].backward and w is not None and p.taken_over[w] == v
         assert p.nodes[w].size == p.nodes[u].size
         assert not any(c.groups[w][0] in n.all_input_nodes for n in c.groups[v])  # not read directly
@@ -416,15 +416,15 @@ def test_the_unmerged_matmul_is_no_addmm_in_inductors_code_and_gradients_match()
 
 
 def test_cheap_values_read_several_times_are_inlined_when_recomputed(both: tuple[Captured, Captured]) -> None:
-    """Node.inline: an elementwise value several elementwise ops read, cheap enough that
+    """An unstored recomputed copy: an elementwise value several elementwise ops read, cheap enough that
     Inductor computes it in each reader rather than storing it (on the CPU: no tanh, exp,
     log or sigmoid in it, at most 4 buffers read). The GELU-tanh's cheap intermediates
     are; without Inductor nothing is. Its tanh, which Inductor would store, is inline
     because the backward gives each reader a copy (``per_reader``), priced per kernel that
     computes it: the recomputed GELU's and the gradient's."""
     plain, fused = both
-    assert not any(n.inline for n in plain.problem.nodes) and not plain.per_reader
-    inline = [i for i, n in enumerate(fused.problem.nodes) if n.inline]
+    assert not any(not n.stores(Copy.RECOMPUTED) for n in plain.problem.nodes) and not plain.per_reader
+    inline = [i for i, n in enumerate(fused.problem.nodes) if not n.stores(Copy.RECOMPUTED)]
     assert inline
     for i in inline:
         group = fused.groups[i]
@@ -433,11 +433,11 @@ def test_cheap_values_read_several_times_are_inlined_when_recomputed(both: tuple
         assert all(torch.Tag.pointwise in u.target.tags or torch.Tag.reduction in u.target.tags
                    for u in readers), [u.name for u in readers]
     (tanh,) = [i for i, g in enumerate(fused.groups) if any(_op(n) == "tanh" for n in g)]
-    assert fused.problem.nodes[tanh].inline and tanh in fused.per_reader
+    assert not fused.problem.nodes[tanh].stores(Copy.RECOMPUTED) and tanh in fused.per_reader
     (plain_tanh,) = [i for i, g in enumerate(plain.groups) if _op(g[0]) == "tanh"]
     assert fused.problem.nodes[tanh].time > plain.problem.nodes[plain_tanh].time
     # Not the matmul's input, which an extern kernel reads.
-    assert not any(fused.problem.nodes[i].inline for i, g in enumerate(fused.groups) if _op(g[0]) == "addmm")
+    assert not any(not fused.problem.nodes[i].stores(Copy.RECOMPUTED) for i, g in enumerate(fused.groups) if _op(g[0]) == "addmm")
 
 
 class Head(nn.Module):
@@ -501,8 +501,8 @@ def test_a_backward_kernel_takes_a_saved_value_over_only_when_it_is_donated() ->
 
     def taken(c: Captured, *, backward: bool) -> list[tuple[str, str]]:
         p = c.problem
-        return [(n.name, p.nodes[n.reuses].name) for n in p.nodes
-                if n.reuses is not None and n.backward == backward and not p.nodes[n.reuses].backward]
+        return [(n.name, p.nodes[n.overwrites].name) for n in p.nodes
+                if n.overwrites is not None and n.backward == backward and not p.nodes[n.overwrites].backward]
 
     donated = captured(gm, kwargs, fuses=True)
     with torch._functorch.config.patch(donated_buffer=False):
@@ -523,7 +523,7 @@ def test_backward_values_inductor_inlines_hold_no_memory(head: tuple[Captured, C
     assert plain.problem.nodes[_value(plain, "mul")].size == 8 * 32 * 4
     i = _value(fused, "mul")
     node = fused.problem.nodes[i]
-    assert node.backward and node.size == 0 and not node.inline
+    assert node.backward and node.size == 0 and node.stores(Copy.RECOMPUTED)
     assert {fused.groups[u][0].name for u in fused.problem.users[i]} == {"sum_4", "sub_2"}
     for u in fused.problem.users[i]:
         assert set(node.deps) <= set(fused.problem.nodes[u].deps)
@@ -574,12 +574,12 @@ def test_values_read_once_in_a_graph_are_stored_only_where_the_plan_keeps_them()
     model, inputs = make_gpt(config, batch=2, seed=0)
     p = trace(model, inputs, name="gpt").problem
     logits = 2 * config.seq_len * config.vocab * 4
-    (v,) = [v for v in p.candidates if p.nodes[v].size == logits and p.nodes[v].reuses is not None
-            and p.nodes[p.nodes[v].reuses].op == "aten.mm"]
-    assert p.nodes[v].fused and p.nodes[v].inline
-    assert p.nodes[p.fused_reader(v)].op == "aten.gather"
+    (v,) = [v for v in p.candidates if p.nodes[v].size == logits and p.nodes[v].overwrites is not None
+            and p.nodes[p.nodes[v].overwrites].op == "aten.mm"]
+    assert not p.nodes[v].stores(Copy.FORWARD) and not p.nodes[v].stores(Copy.RECOMPUTED)
+    assert p.nodes[p.computed_in(v)].op == "aten.gather"
     # Each LayerNorm's normalized input is read in the forward by its scale-and-shift only.
-    assert any(p.nodes[w].fused and p.nodes[p.fused_reader(w)].op == "aten.add" for w in p.candidates)
+    assert any(not p.nodes[w].stores(Copy.FORWARD) and p.nodes[p.computed_in(w)].op == "aten.add" for w in p.candidates)
 
 
 def test_trace_keeps_everything_the_backend_captures() -> None:
@@ -593,4 +593,4 @@ def test_trace_keeps_everything_the_backend_captures() -> None:
     traced = trace(model, inputs, name="gpt")
     assert traced.captured.problem is traced.problem and traced.problem.name == "gpt"
     assert traced.captured.per_reader
-    assert all(traced.problem.nodes[i].inline for i in traced.captured.per_reader)
+    assert all(not traced.problem.nodes[i].stores(Copy.RECOMPUTED) for i in traced.captured.per_reader)

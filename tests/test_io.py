@@ -31,7 +31,7 @@ from solvers import (
     save_plan,
     save_problem,
 )
-from solvers.problem import chain_problem, node
+from solvers.problem import EVERY_COPY, Copy, chain_problem, node
 
 Doc = dict[str, object]
 
@@ -89,7 +89,7 @@ def test_problem_round_trips_through_dict_and_file(problem: Problem, tmp_path: P
 
 def test_written_document_is_tagged_and_explicit() -> None:
     doc = problem_to_json(rich())
-    assert (doc["format"], doc["version"]) == ("rematc.problem", 1)
+    assert (doc["format"], doc["version"]) == ("rematc.problem", 2)
     assert doc["scale"] == {"bytes_per_unit": 4, "seconds_per_unit": 1e-6}
     nodes = doc["nodes"]
     assert isinstance(nodes, list)
@@ -98,6 +98,32 @@ def test_written_document_is_tagged_and_explicit() -> None:
         "time": 0.5, "flops": 0.0, "recomputable": False, "offloadable": True, "resident": False,
             "keep": False,
     }
+
+
+def test_a_version_1_file_means_the_same_problem() -> None:
+    """Version 1 named the memory effects ``reuses``, ``reuses_recomputed``, ``inline`` and
+    ``fused``; read, they are version 2's ``overwrites``, ``overwrites_copies`` and
+    ``unstored``, and the problem writes back as version 2."""
+    v1 = {"format": "rematc.problem", "version": 1, "nodes": [
+        {"name": "h", "size": 4},
+        {"name": "x", "deps": [0], "size": 8},
+        {"name": "y", "deps": [1], "size": 8, "reuses": 1, "inline": True, "fused": True},
+        {"name": "loss", "deps": [2], "size": 4, "keep": True},
+        {"name": "g", "deps": [2], "size": 8, "backward": True, "reuses": 2, "reuses_recomputed": False},
+        {"name": "gh", "deps": [4], "size": 4, "backward": True, "keep": True, "inline": True},
+    ]}
+    p = problem_from_json(v1)
+    y, g, gh = p.nodes[2], p.nodes[4], p.nodes[5]
+    assert (y.overwrites, y.overwrites_copies, y.unstored) == (1, EVERY_COPY, {Copy.FORWARD, Copy.RECOMPUTED})
+    assert (g.overwrites, g.overwrites_copies, g.unstored) == (2, {Copy.FORWARD}, frozenset())
+    assert gh.unstored == {Copy.RECOMPUTED} and p.nodes[1] == Node(name="x", deps=(0,), size=8)
+    v2 = problem_to_json(p)
+    assert v2["version"] == 2 and v2["nodes"][4] == {  # type: ignore[index]
+        "name": "g", "op": "", "deps": [2], "backward": True, "size": 8, "time": 0.0, "flops": 0.0,
+        "recomputable": True, "offloadable": True, "resident": False, "keep": False,
+        "overwrites": 2, "overwrites_copies": ["forward"]}
+    assert v2["nodes"][2]["unstored"] == ["forward", "recomputed"]  # type: ignore[index]
+    assert_same(problem_from_json(v2), p)
 
 
 def test_saved_file_lists_one_node_per_line(tmp_path: Path) -> None:
@@ -171,7 +197,7 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("no format", edit(lambda d: d.pop("format")), r'^format: missing; expected "format": "rematc.problem"$'),
     ("wrong format", edit(lambda d: d.update(format="rematc.plan")), r"^format: expected 'rematc.problem', got 'rematc.plan'$"),
     ("no version", edit(lambda d: d.pop("version")), r"^version: missing"),
-    ("future version", edit(lambda d: d.update(version=2)), r"^version: 2 is not supported; this reader understands version 1$"),
+    ("future version", edit(lambda d: d.update(version=3)), r"^version: 3 is not supported; this reader understands version 1 and 2$"),
     ("version as text", edit(lambda d: d.update(version="1")), r"^version: expected an int, got '1'$"),
     ("version as bool", edit(lambda d: d.update(version=True)), r"^version: expected an int, got True$"),
     ("unknown top-level key", edit(lambda d: d.update(budjet=3)), r"^the top level: unknown key 'budjet'; did you mean 'budget'\?$"),
@@ -184,10 +210,16 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("duplicate name", edit(set_node(2, "name", "f0")), r"^node #2 'f0': the name is used twice"),
     ("size not an int", edit(set_node(3, "size", "abc")), r"^nodes\[3\]\.size: expected a non-negative int of bytes, got 'abc'$"),
     ("negative size", edit(set_node(3, "size", -5)), r"^nodes\[3\]\.size: expected a non-negative int of bytes, got -5$"),
-    ("reuses a non-dep", edit(set_node(3, "reuses", 0)), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 0$"),
-    ("reuses as text", edit(set_node(3, "reuses", "f1")), r"^nodes\[3\]\.reuses: expected one of the node's deps \[2\] or null, got 'f1'$"),
-    ("inline not a bool", edit(set_node(3, "inline", 1)), r"^nodes\[3\]\.inline: expected true or false, got 1$"),
-    ("reuses_recomputed not a bool", edit(set_node(3, "reuses_recomputed", "no")),
+    ("overwrites a non-dep", edit(set_node(3, "overwrites", 0)), r"^nodes\[3\]\.overwrites: expected one of the node's deps \[2\] or null, got 0$"),
+    ("overwrites as text", edit(set_node(3, "overwrites", "f1")), r"^nodes\[3\]\.overwrites: expected one of the node's deps \[2\] or null, got 'f1'$"),
+    ("unstored not a list", edit(set_node(3, "unstored", 1)),
+     r"^nodes\[3\]\.unstored: expected a list of copies among \['forward', 'recomputed', 'reloaded'\], got 1$"),
+    ("unknown copy", edit(set_node(3, "overwrites_copies", ["saved"])),
+     r"^nodes\[3\]\.overwrites_copies: expected a list of copies among .*, got \['saved'\]$"),
+    ("a version-1 key in version 2", edit(set_node(3, "inline", True)), r"^nodes\[3\]: unknown key 'inline'"),
+    ("v1 inline not a bool", edit(lambda d: (d.update(version=1), d["nodes"][3].update(inline=1))),  # type: ignore[index]
+     r"^nodes\[3\]\.inline: expected true or false, got 1$"),
+    ("v1 reuses_recomputed not a bool", edit(lambda d: (d.update(version=1), d["nodes"][3].update(reuses_recomputed="no"))),  # type: ignore[index]
      r"^nodes\[3\]\.reuses_recomputed: expected true or false, got 'no'$"),
     ("fractional size", edit(set_node(3, "size", 4.0)), r"^nodes\[3\]\.size: .* got 4\.0$"),
     ("bool size", edit(set_node(3, "size", True)), r"^nodes\[3\]\.size: .* got True$"),
@@ -374,8 +406,9 @@ def problems(draw: st.DrawFn) -> Problem:
             name=name, op=draw(st.text(max_size=8)), deps=reads, backward=backward,
             size=draw(st.integers(0, 2**40)), time=draw(amounts), flops=draw(amounts),
             recomputable=draw(st.booleans()), resident=resident, keep=draw(st.booleans()),
-            reuses=draw(st.sampled_from([None, *reads])), reuses_recomputed=draw(st.booleans()),
-            inline=draw(st.booleans()),
+            overwrites=draw(st.sampled_from([None, *reads])),
+            overwrites_copies=draw(st.sampled_from([EVERY_COPY, frozenset({Copy.FORWARD})])),
+            unstored=frozenset({Copy.RECOMPUTED}) if draw(st.booleans()) else frozenset(),
         ))
     try:
         return Problem(

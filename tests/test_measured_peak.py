@@ -24,7 +24,7 @@ from torch import nn
 import rematc
 from rematc.memory import MALLOC_MMAP_THRESHOLD, profiler_peak
 from rematc.models import GPTConfig, make_gpt
-from solvers import Plan, Problem
+from solvers import Copy, Plan, Problem
 
 # Measured peak may exceed the budget by at most this fraction: allocator events the
 # model does not see (Inductor's workspace for a kernel, autograd's own bookkeeping).
@@ -174,14 +174,14 @@ def pin_plan(monkeypatch: pytest.MonkeyPatch, recompute: Callable[[Problem], set
 def test_a_recomputed_log_softmax_is_not_stored_by_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """The logits saved and the log-softmax recomputed (the shape of PyTorch's knapsack
     choice at tight budgets): the forward computes the log-softmax inside the loss and never
-    stores it (``Node.fused``), so the model's forward peak is the measured one. In the
+    stores it (its forward copy in ``Node.unstored``), so the model's forward peak is the measured one. In the
     backward Inductor may write the loss gradient over the saved logits or not (docs,
     "Not followed"); the model assumes not, so the step stays within its prediction."""
     from solvers import check
 
     def the_log_softmax(problem: Problem) -> set[int]:
-        (v,) = [v for v in problem.candidates if problem.nodes[v].fused and problem.nodes[v].reuses is not None
-                and problem.nodes[problem.nodes[v].reuses].op == "aten.mm"]
+        (v,) = [v for v in problem.candidates if not problem.nodes[v].stores(Copy.FORWARD) and problem.nodes[v].overwrites is not None
+                and problem.nodes[problem.nodes[v].overwrites].op == "aten.mm"]
         return {v}
 
     chosen = pin_plan(monkeypatch, the_log_softmax)
@@ -225,7 +225,7 @@ def test_a_recomputed_tanh_is_computed_in_each_reader(monkeypatch: pytest.Monkey
         torch.testing.assert_close(p.grad, r.grad)
     (problem, plan), = chosen
     tanh = [v for v in problem.candidates if problem.nodes[v].op == "aten.tanh"]
-    assert len(tanh) == CONFIG.n_layer and all(problem.nodes[v].inline for v in tanh)
+    assert len(tanh) == CONFIG.n_layer and all(not problem.nodes[v].stores(Copy.RECOMPUTED) for v in tanh)
     # Stored, the two tanh buffers (1 MiB each) would put the step above its prediction.
     # (This plan measures 1.1 MB under it, split or not: 10,521,608 B against 11,648,020.)
     step = measured_step_peak(compiled, model, inputs)
