@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
@@ -72,6 +72,37 @@ class Captured:
     checkpointed: frozenset[int] = frozenset()
 
 
+@dataclass
+class Capture:
+    """What the capture knows of one joint graph: set up by :func:`capture`, filled in by
+    its stages in order, and read by the helpers instead of long argument lists."""
+
+    joint: fx.GraphModule
+    costs: dict[fx.Node, NodeCost]
+    nodes: list[fx.Node]  # the graph's nodes, its output left out
+    forward: frozenset[fx.Node]  # what the forward computes
+    kept: set[fx.Node]  # the step's outputs
+    inductor: bool  # Inductor generates the code (else eager's kernels run the graph)
+    owner: dict[fx.Node, fx.Node] = field(default_factory=dict)  # node -> the node owning its storage
+    elements: Elements = field(default_factory=lambda: Elements({}, {}, frozenset()))
+    layout: dict[fx.Node, int] = field(default_factory=dict)  # channels-last copies: input -> bytes
+    deferred: dict[fx.Node, fx.Node] = field(default_factory=dict)  # value -> the extern reader computing it
+    extern: frozenset[fx.Node] = frozenset()  # adds Inductor makes extern kernels (addmm)
+    groups: list[list[fx.Node]] = field(default_factory=list)  # each value's nodes, owner first
+    value_of: dict[fx.Node, int] = field(default_factory=dict)
+    folded: frozenset[fx.Node] = frozenset()  # nodes a reader's kernel computes: no value of their own
+    deps: list[frozenset[int]] = field(default_factory=list)  # the values each value reads
+    # Values whose readers compute them: a forward one where it is recomputed, a backward
+    # one always (it has no storage); and those of them emitted once per reader.
+    in_readers: set[int] = field(default_factory=set)
+    per_reader: dict[int, int] = field(default_factory=dict)  # value -> kernels computing it
+
+    @property
+    def unstored_backward(self) -> set[int]:
+        """The backward values of :attr:`in_readers`: stored nowhere."""
+        return {i for i in self.in_readers if self.groups[i][0] not in self.forward}
+
+
 def capture(
     joint: fx.GraphModule,
     costs: dict[fx.Node, NodeCost],
@@ -82,126 +113,164 @@ def capture(
     name: str = "joint",
     inductor: bool = False,
 ) -> Captured:
+    """The problem of one joint graph (the steps of the module docstring), for eager's
+    kernels or, with ``inductor``, for the code Inductor generates."""
+    c = _start(joint, costs, num_fwd_outputs, static_lifetime_input_indices, inductor)
+    _split_storages(c)
+    _group_values(c, _step_order(c))
+    _read_values(c)
+    if inductor:
+        _computed_in_readers(c)
+    problem = _problem(c, host_bandwidth, name)
+    if inductor:
+        problem = _inductor_effects(c, problem)
+    return Captured(problem, tuple(tuple(g) for g in c.groups), c.value_of, c.forward,
+                    frozenset(c.per_reader), checkpointed_values(problem, c.groups))
+
+
+def _start(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], num_fwd_outputs: int,
+           static_lifetime_input_indices: Sequence[int], inductor: bool) -> Capture:
+    """The forward split as PyTorch's partitioners split it, and the step's outputs."""
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     nodes: list[fx.Node] = [n for n in joint.graph.nodes if n.op != "output"]
     fwd = {n for n in nodes if n in info.required_fw_nodes or is_primal(n) or is_fwd_seed_offset(n)}
     # An element of a forward multi-output op is forward too, even when only the backward
     # reads it: the tuple itself cannot cross into the backward, its elements can.
     fwd |= {n for n in nodes if n.target is operator.getitem and n.args[0] in fwd}
-    forward = frozenset(fwd)
-    kept = step_outputs(joint, num_fwd_outputs)
+    return Capture(joint, costs, nodes, frozenset(fwd), step_outputs(joint, num_fwd_outputs), inductor)
 
-    by_name = {n.name: n for n in nodes}
-    owner = {n: by_name[costs[n].owner] for n in nodes if _has_storage(costs[n])}
+
+def _split_storages(c: Capture) -> None:
+    """Each node's storage owner, with the elements of multi-output ops that are values of
+    their own (:func:`split_elements`)."""
+    by_name = {n.name: n for n in c.nodes}
+    c.owner = {n: by_name[c.costs[n].owner] for n in c.nodes if _has_storage(c.costs[n])}
     # Storages alive before the step (parameters, inputs, buffers) cost nothing, so
     # nodes aliasing them (a transposed weight, an in-place buffer update) need no
     # grouping: each stays its own zero-byte value with its own inputs and position.
-    for n, o in owner.items():
+    for n, o in c.owner.items():
         if o.op == "placeholder" and (is_primal(o) or is_fwd_seed_offset(o)):
-            owner[n] = n
+            c.owner[n] = n
     # A backward op with a workspace hands each of its outputs to a value of its own (its
     # element), so its own value, the outputs and the workspace together, lives only
     # while it runs.
-    scratch = {n for n in nodes if n not in forward and costs[n].workspace > 0}
-    save_only = {n for n in forward if n.op == "call_function" and not _recomputable([n], costs)}
-    elements = split_elements(nodes, owner, kept, whole=scratch, forward=forward, save_only=save_only)
-    own_size, handed = elements.sizes, elements.handed
-    copied = layout_copies(joint, forward) if inductor else {}
-    own_size.update(copied)
-    order = _just_in_time(copied, [n for n in nodes if n in forward]) + _backward_order(nodes, forward)
-    order = _right_after(handed, order)
-    deferred: dict[fx.Node, fx.Node] = {}
-    if inductor:
-        deferred = deferred_to_reader(order, forward, costs, kept)
-        order = _just_in_time(deferred, order)  # each right before its one reader
-    owners: list[fx.Node] = [n for n in order if owner.get(n) is n]
-    value_of: dict[fx.Node, int] = {n: i for i, n in enumerate(owners)}
-    groups: list[list[fx.Node]] = [[o] for o in owners]
-    for n in nodes:
-        if n in owner and owner[n] is not n:
-            value_of[n] = value_of[owner[n]]
-            groups[value_of[n]].append(n)
-    inlined: frozenset[fx.Node] = frozenset()
-    extern: frozenset[fx.Node] = frozenset()  # adds Inductor makes extern kernels (addmm)
-    if inductor:
-        addmm = addmm_pairs(joint)
-        extern = frozenset(addmm.values())
-        groups, inlined = fused_groups(groups, value_of, forward, costs, kept, addmm)
-        value_of = {n: i for i, group in enumerate(groups) for n in group}
+    scratch = {n for n in c.nodes if n not in c.forward and c.costs[n].workspace > 0}
+    save_only = {n for n in c.forward if n.op == "call_function" and not _recomputable([n], c.costs)}
+    c.elements = split_elements(c, whole=scratch, save_only=save_only)
 
-    deps_memo: dict[fx.Node, frozenset[int]] = {}
+
+def _step_order(c: Capture) -> list[fx.Node]:
+    """The nodes in the order the emitted graphs run them: the forward with Inductor's
+    layout copies just in time, the backward in autograd's order, handed-over elements
+    right after their op, and (Inductor) deferred values right before their reader."""
+    if c.inductor:
+        c.layout = layout_copies(c.joint, c.forward)
+    order = _just_in_time(c.layout, [n for n in c.nodes if n in c.forward]) + _backward_order(c.nodes, c.forward)
+    order = _right_after(c.elements.handed, order)
+    if c.inductor:
+        c.deferred = deferred_to_reader(c, order)
+        order = _just_in_time(c.deferred, order)  # each right before its one reader
+    return order
+
+
+def _group_values(c: Capture, order: list[fx.Node]) -> None:
+    """One value per storage, in step order; under Inductor, the values a reader's kernel
+    computes folded into the reader's (:func:`fused_groups`)."""
+    owners = [n for n in order if c.owner.get(n) is n]
+    c.value_of = {n: i for i, n in enumerate(owners)}
+    c.groups = [[o] for o in owners]
+    for n in c.nodes:
+        if n in c.owner and c.owner[n] is not n:
+            c.value_of[n] = c.value_of[c.owner[n]]
+            c.groups[c.value_of[n]].append(n)
+    if c.inductor:
+        addmm = addmm_pairs(c.joint)
+        c.extern = frozenset(addmm.values())
+        c.groups, c.folded = fused_groups(c, addmm)
+        c.value_of = {n: i for i, group in enumerate(c.groups) for n in group}
+
+
+def _read_values(c: Capture) -> None:
+    """The values each value reads, looking through nodes without a storage."""
+    memo: dict[fx.Node, frozenset[int]] = {}
 
     def value_deps(n: fx.Node) -> frozenset[int]:
-        """Values ``n`` reads, looking through nodes without a storage."""
-        if n not in deps_memo:
+        if n not in memo:
             out: set[int] = set()
             for a in n.all_input_nodes:
-                out |= {value_of[a]} if a in value_of else value_deps(a)
-            deps_memo[n] = frozenset(out)
-        return deps_memo[n]
+                out |= {c.value_of[a]} if a in c.value_of else value_deps(a)
+            memo[n] = frozenset(out)
+        return memo[n]
 
-    group_deps = [frozenset().union(*(value_deps(n) for n in g)) - {i} for i, g in enumerate(groups)]
-    # A handed-over element takes its storage from the op at the op's end: it reads no
-    # value, and the op's value dies at its own step.
-    for i, g in enumerate(groups):
-        if g[0] in handed:
-            group_deps[i] = group_deps[i] - {value_of[handed[g[0]]]}
-    # A deferred value runs after the recomputations its reader needs (it is emitted as
-    # that reader is lowered): it reads them, for the plan's order.
-    for i, g in enumerate(groups):
-        if g[0] in deferred:
-            needs = {d for d in value_deps(deferred[g[0]]) if groups[d][0] in forward}
-            group_deps[i] = group_deps[i] | needs
-    inline = inline_values(groups, group_deps, forward, costs, kept, extern) if inductor else set()
-    per_reader = per_reader_values(groups, value_of, group_deps, forward, costs, kept, extern, inline) if inductor else {}
-    inline |= set(per_reader)
-    unstored = {i for i in inline if groups[i][0] not in forward}  # inlined backward values
-    stale = reads_mutated_input(nodes, forward, costs)
-    problem_nodes: list[Node] = []
-    for i, group in enumerate(groups):
+    c.deps = [frozenset().union(*(value_deps(n) for n in g)) - {i} for i, g in enumerate(c.groups)]
+    for i, g in enumerate(c.groups):
+        # A handed-over element takes its storage from the op at the op's end: it reads no
+        # value, and the op's value dies at its own step.
+        if g[0] in c.elements.handed:
+            c.deps[i] = c.deps[i] - {c.value_of[c.elements.handed[g[0]]]}
+        # A deferred value runs after the recomputations its reader needs (it is emitted as
+        # that reader is lowered): it reads them, for the plan's order.
+        if g[0] in c.deferred:
+            c.deps[i] = c.deps[i] | {d for d in value_deps(c.deferred[g[0]]) if c.groups[d][0] in c.forward}
+
+
+def _computed_in_readers(c: Capture) -> None:
+    """The values Inductor computes inside each reader (:func:`inline_values`), and those
+    the backward emits once per reader (:func:`per_reader_values`)."""
+    c.in_readers = inline_values(c)
+    c.per_reader = per_reader_values(c, c.in_readers)
+    c.in_readers |= set(c.per_reader)
+
+
+def _problem(c: Capture, host_bandwidth: float, name: str) -> Problem:
+    """One :class:`Node` per value: its bytes, the time it takes, what it reads."""
+    unstored = c.unstored_backward
+    stale = reads_mutated_input(c.nodes, c.forward, c.costs)
+    out: list[Node] = []
+    for i, group in enumerate(c.groups):
         head = group[0]
-        deps = set(group_deps[i])
-        # A backward value Inductor computes inside each reader (``inline``, never
-        # recomputed: it runs once, in the backward) is stored nowhere: it holds no bytes,
-        # and each reader reads what it reads, so those live until its last reader. That
-        # is exact here, as no decision changes a backward value; for forward values the
-        # solvers apply the rule to recomputations only (``Node.unstored``).
-        deps |= {d for j in deps & unstored for d in problem_nodes[j].deps}
-        own = [n for n in group if n not in inlined]
-        problem_nodes.append(
-            Node(
-                name=head.name,
-                op=_op_name(head),
-                deps=tuple(sorted(deps)),
-                backward=head not in forward,
-                # An op's workspace lives while it runs: counted with its value, which
-                # lives on with its outputs unless they are handed over (``split_elements``).
-                size=0 if i in unstored else own_size.get(head, costs[head].nbytes) + sum(costs[n].workspace for n in own),
-                time=recompute_seconds(group, own, costs, stored=inductor and i not in inline) * per_reader.get(i, 1),
-                flops=sum(costs[n].flops for n in own),
-                recomputable=(_recomputable(group, costs) and not stale.intersection(group)
-                              and head not in elements.statistics),
-                offloadable=_offloadable(group, costs),
-                resident=(is_primal(head) or is_fwd_seed_offset(head)) and head not in copied,
-                keep=any(n in kept for n in group),
-                unstored=frozenset({Copy.RECOMPUTED}) if i in inline - unstored else frozenset(),
-            )
-        )
-    if inductor and problem_nodes and not problem_nodes[-1].resident and channels_last_convolutions(joint):
+        deps = set(c.deps[i])
+        # A backward value Inductor computes inside each reader (never recomputed: it runs
+        # once, in the backward) is stored nowhere: it holds no bytes, and each reader
+        # reads what it reads, so those live until its last reader. That is exact here, as
+        # no decision changes a backward value; for forward values the solvers apply the
+        # rule to recomputations only (``Node.unstored``).
+        deps |= {d for j in deps & unstored for d in out[j].deps}
+        own = [n for n in group if n not in c.folded]
+        size = c.layout.get(head, c.elements.sizes.get(head, c.costs[head].nbytes))
+        out.append(Node(
+            name=head.name,
+            op=_op_name(head),
+            deps=tuple(sorted(deps)),
+            backward=head not in c.forward,
+            # An op's workspace lives while it runs: counted with its value, which lives on
+            # with its outputs unless they are handed over (``split_elements``).
+            size=0 if i in unstored else size + sum(c.costs[n].workspace for n in own),
+            time=recompute_seconds(group, own, c.costs, stored=c.inductor and i not in c.in_readers)
+            * c.per_reader.get(i, 1),
+            flops=sum(c.costs[n].flops for n in own),
+            recomputable=(_recomputable(group, c.costs) and not stale.intersection(group)
+                          and head not in c.elements.statistics),
+            offloadable=_offloadable(group, c.costs),
+            resident=(is_primal(head) or is_fwd_seed_offset(head)) and head not in c.layout,
+            keep=any(n in c.kept for n in group),
+            unstored=frozenset({Copy.RECOMPUTED}) if i in c.in_readers - unstored else frozenset(),
+        ))
+    if c.inductor and out and not out[-1].resident and channels_last_convolutions(c.joint):
         # Autograd's copies of gradients into their parameters' layout, made after the
         # backward (accumulate_copy_bytes): at the last step, where every gradient is alive.
-        last = problem_nodes[-1]
-        problem_nodes[-1] = dataclasses.replace(last, size=last.size + accumulate_copy_bytes(nodes, kept))
-    problem = Problem(nodes=tuple(problem_nodes), host_bandwidth=host_bandwidth, name=name)
-    if inductor:
-        problem = with_one_reader_kernels(problem, groups, value_of, forward, costs, kept, extern, inlined)
-        # AOTAutograd reads the same flag after partitioning, to mark the backward's
-        # saved inputs that Inductor may write over.
-        donated = bool(functorch_config.donated_buffer)
-        problem = with_inplace_reuse(problem, groups, value_of, costs, unstored, donated=donated,
-                                     per_reader=per_reader)
-    return Captured(problem, tuple(tuple(g) for g in groups), value_of, forward,
-                    frozenset(per_reader), checkpointed_values(problem, groups))
+        out[-1] = dataclasses.replace(out[-1], size=out[-1].size + accumulate_copy_bytes(c.nodes, c.kept))
+    return Problem(nodes=tuple(out), host_bandwidth=host_bandwidth, name=name)
+
+
+def _inductor_effects(c: Capture, problem: Problem) -> Problem:
+    """``problem`` with the effects that depend on the values' readers: kernels that
+    compute a value inside their own (:func:`with_one_reader_kernels`) and outputs written
+    over a dying input (:func:`with_inplace_reuse`)."""
+    problem = with_one_reader_kernels(c, problem)
+    # AOTAutograd reads the same flag after partitioning, to mark the backward's saved
+    # inputs that Inductor may write over.
+    return with_inplace_reuse(c, problem, donated=bool(functorch_config.donated_buffer))
 
 
 def recompute_seconds(group: Sequence[fx.Node], own: Sequence[fx.Node],
@@ -372,10 +441,7 @@ def copy_constants_to_backward(joint: fx.GraphModule, costs: dict[fx.Node, NodeC
     return copies
 
 
-def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]],
-                            value_of: dict[fx.Node, int], forward: frozenset[fx.Node],
-                            costs: dict[fx.Node, NodeCost], kept: set[fx.Node],
-                            extern: Collection[fx.Node], inlined: Collection[fx.Node]) -> Problem:
+def with_one_reader_kernels(c: Capture, problem: Problem) -> Problem:
     """``problem`` with the forward values that one kernel computes inside its own where the
     plan leaves them one reader in a graph: the forward copy in ``Node.unstored`` and more the recomputed copy in ``Node.unstored``.
 
@@ -390,6 +456,7 @@ def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]
     GELU's intermediates, which the forward stores only when saved, and the log-softmax,
     which the forward computes inside the loss and, recomputed, the backward inside the
     loss gradient."""
+    groups, value_of, forward, costs, kept, extern = c.groups, c.value_of, c.forward, c.costs, c.kept, c.extern
     limits = kernel_limits(groups, costs)
     may_recompute = {w for w in problem.candidates if problem.nodes[w].recomputable}
     nodes = list(problem.nodes)
@@ -407,7 +474,7 @@ def with_one_reader_kernels(problem: Problem, groups: Sequence[Sequence[fx.Node]
         in_backward = fx_readers - in_forward
         if (node.stores(Copy.RECOMPUTED) and len(in_backward) == 1 and _fusible_reader(next(iter(in_backward)), costs, extern)
                 and not may_recompute & set(readers) and len(node.deps) <= limits.reads):
-            own = [n for n in group if n not in inlined]
+            own = [n for n in group if n not in c.folded]
             nodes[v] = dataclasses.replace(node, unstored=node.unstored | {Copy.RECOMPUTED},
                                            time=recompute_seconds(group, own, costs, stored=False))
     return dataclasses.replace(problem, nodes=tuple(nodes))
@@ -430,10 +497,7 @@ def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, 
     return sum(costs[o].nbytes for o in owners if o.op != "placeholder" and o in costs)
 
 
-def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
-                       value_of: dict[fx.Node, int], costs: dict[fx.Node, NodeCost],
-                       unstored: Collection[int] = (), *, donated: bool = True,
-                       per_reader: Collection[int] = ()) -> Problem:
+def with_inplace_reuse(c: Capture, problem: Problem, *, donated: bool = True) -> Problem:
     """``problem`` with ``Node.overwrites`` set where Inductor writes a kernel's output over an
     input that dies in that kernel.
 
@@ -471,7 +535,8 @@ def with_inplace_reuse(problem: Problem, groups: Sequence[Sequence[fx.Node]],
     backward recomputes is its own buffer and could still be taken over; the model has
     no mark for "the recomputed copy only", so it counts none there (on the safe side).
     """
-    through = frozenset(unstored)
+    groups, value_of, costs, per_reader = c.groups, c.value_of, c.costs, c.per_reader
+    through = frozenset(c.unstored_backward)
 
     def direct(v: int) -> set[int]:
         """The values v's kernel loads: its inputs, and those of the unstored ones."""
@@ -600,9 +665,8 @@ class Elements(NamedTuple):
     statistics: frozenset[fx.Node]  # elements saved for the backward, never recomputed
 
 
-def split_elements(nodes: Sequence[fx.Node], owner: dict[fx.Node, fx.Node], kept: set[fx.Node], *,
-                   whole: Collection[fx.Node] = (), forward: Collection[fx.Node] = (),
-                   save_only: Collection[fx.Node] = ()) -> Elements:
+def split_elements(c: Capture, *, whole: Collection[fx.Node] = (), save_only: Collection[fx.Node] = ()
+                   ) -> Elements:
     """Make elements of multi-output ops values of their own: each kept element, every
     element of an op in ``whole``, and the statistics of ``forward`` ops.
 
@@ -636,6 +700,7 @@ def split_elements(nodes: Sequence[fx.Node], owner: dict[fx.Node, fx.Node], kept
     outputs die with their last forward reader. As one value, each dropout's output was
     counted as saved beside its mask (the test GPT with eager's generator on an H100,
     nine dropouts: predicted 78.7 MiB, generated and measured 62.7)."""
+    nodes, owner, kept, forward = c.nodes, c.owner, c.kept, c.forward
     sizes: dict[fx.Node, int] = {}
     handed: dict[fx.Node, fx.Node] = {}
     statistics: set[fx.Node] = set()
@@ -720,14 +785,7 @@ def kernel_limits(groups: Sequence[Sequence[fx.Node]], costs: dict[fx.Node, Node
     return KernelLimits(reads=limits.acc_reads, ops=limits.opcount // LOADER_OPS)
 
 
-def fused_groups(
-    groups: Sequence[Sequence[fx.Node]],
-    value_of: dict[fx.Node, int],
-    forward: frozenset[fx.Node],
-    costs: dict[fx.Node, NodeCost],
-    kept: set[fx.Node],
-    addmm: dict[fx.Node, fx.Node] | None = None,
-) -> tuple[list[list[fx.Node]], frozenset[fx.Node]]:
+def fused_groups(c: Capture, addmm: dict[fx.Node, fx.Node]) -> tuple[list[list[fx.Node]], frozenset[fx.Node]]:
     """The values as Inductor stores them, and the FX nodes it inlines.
 
     A matmul that Inductor merges into the add reading it (``addmm``: mm -> add, see
@@ -748,6 +806,7 @@ def fused_groups(
     such a result wherever the forward saves it for the backward, so a value read by
     several ops stays a value here; where it is recomputed instead, the recomputed copy in ``Node.unstored``
     (:func:`inline_values`) says it holds no memory."""
+    groups, value_of, costs = c.groups, c.value_of, c.costs
     limits = kernel_limits(groups, costs)
     kernels = [list(g) for g in groups]
     # Original values each kernel holds, or reads without a buffer (factories).
@@ -755,8 +814,6 @@ def fused_groups(
     inside = [{i} | factories for i in range(len(groups))]
     inlined: set[fx.Node] = set()
     folded = [False] * len(groups)
-    addmm = addmm or {}
-    extern = frozenset(addmm.values())
     for i, group in enumerate(groups):
         add = addmm.get(group[0])
         if add is not None and len(group) == 1:
@@ -764,7 +821,7 @@ def fused_groups(
             kernels[j], inside[j] = kernels[j] + kernels[i], inside[i] | inside[j]
             folded[i] = True
             continue
-        reader = inline_reader(group, value_of, forward, costs, kept, extern)
+        reader = inline_reader(c, group)
         if reader is None:
             continue
         j = value_of[reader]
@@ -777,14 +834,7 @@ def fused_groups(
     return [k for k, gone in zip(kernels, folded, strict=True) if not gone], frozenset(inlined)
 
 
-def inline_reader(
-    group: Sequence[fx.Node],
-    value_of: dict[fx.Node, int],
-    forward: frozenset[fx.Node],
-    costs: dict[fx.Node, NodeCost],
-    kept: set[fx.Node],
-    extern: Collection[fx.Node] = (),
-) -> fx.Node | None:
+def inline_reader(c: Capture, group: Sequence[fx.Node]) -> fx.Node | None:
     """The one FX node that reads this value, when Inductor inlines the value into it.
 
     Inductor's lowering keeps a pointwise result unrealized and inlines it into the loader
@@ -793,7 +843,8 @@ def inline_reader(
     too large. So: the value is a pointwise op or a constant factory (with views Inductor
     re-indexes), not random, not an output, not forced saved; it has one reader, a
     pointwise op or a reduction that does not mutate and runs in the same graph (forward
-    or backward). ``extern``: pointwise ops Inductor turns into extern kernels (addmm)."""
+    or backward). ``c.extern``: pointwise ops Inductor turns into extern kernels (addmm)."""
+    value_of, forward, costs, kept, extern = c.value_of, c.forward, c.costs, c.kept, c.extern
     head = group[0]
     cost = costs[head]
     if head.op != "call_function" or not (cost.is_pointwise or _is_factory(head)) or cost.is_random:
@@ -854,14 +905,7 @@ def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collecti
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 
 
-def inline_values(
-    groups: Sequence[Sequence[fx.Node]],
-    deps: Sequence[frozenset[int]],
-    forward: frozenset[fx.Node],
-    costs: dict[fx.Node, NodeCost],
-    kept: set[fx.Node],
-    extern: Collection[fx.Node] = (),
-) -> set[int]:
+def inline_values(c: Capture) -> set[int]:
     """The values Inductor computes inside each op that reads them instead of storing
     them, wherever they are computed in the backward (the recomputed copy in ``Node.unstored``).
 
@@ -882,6 +926,7 @@ def inline_values(
     flag cannot follow the plan). On the small benchmark Llama, RMSNorm's ``x * rsqrt``
     recomputed with its residual sum reads the four branch outputs and the saved mean;
     Inductor stores it for its two readers (16 KiB the model missed, 3% of the peak)."""
+    groups, deps, forward, costs, kept, extern = c.groups, c.deps, c.forward, c.costs, c.kept, c.extern
     unstored: dict[int, frozenset[int]] = {}  # backward value read without its own buffer -> buffers read instead
     through: dict[int, frozenset[int]] = {}  # forward inline value, recomputed -> buffers read instead
     out: set[int] = set()
@@ -906,16 +951,7 @@ def inline_values(
     return out
 
 
-def per_reader_values(
-    groups: Sequence[Sequence[fx.Node]],
-    value_of: dict[fx.Node, int],
-    deps: Sequence[frozenset[int]],
-    forward: frozenset[fx.Node],
-    costs: dict[fx.Node, NodeCost],
-    kept: set[fx.Node],
-    extern: Collection[fx.Node],
-    inline: Collection[int],
-) -> dict[int, int]:
+def per_reader_values(c: Capture, inline: Collection[int]) -> dict[int, int]:
     """Forward values whose recomputation the backward emits once per reader, each copy
     computed inside its reader's kernel and never stored: value -> the kernels that
     compute it.
@@ -933,6 +969,8 @@ def per_reader_values(
     GELU and its gradient), which would hold the tanh otherwise. Same conditions as
     :func:`inline_values` otherwise: elementwise, fusible readers, at most
     :func:`realize_reads` buffers read through the inline inputs recomputed with it."""
+    groups, value_of, deps, forward, costs, kept, extern = (
+        c.groups, c.value_of, c.deps, c.forward, c.costs, c.kept, c.extern)
     split: set[int] = set()
 
     def reads(i: int) -> frozenset[int]:
@@ -1089,8 +1127,7 @@ def _inline_view(n: fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and n.target._opname in INLINE_VIEWS
 
 
-def deferred_to_reader(order: Sequence[fx.Node], forward: frozenset[fx.Node],
-                       costs: dict[fx.Node, NodeCost], kept: set[fx.Node]) -> dict[fx.Node, fx.Node]:
+def deferred_to_reader(c: Capture, order: Sequence[fx.Node]) -> dict[fx.Node, fx.Node]:
     """Backward elementwise values that Inductor computes only when their one reader, an
     extern kernel, is lowered: value -> that reader.
 
@@ -1101,6 +1138,7 @@ def deferred_to_reader(order: Sequence[fx.Node], forward: frozenset[fx.Node],
     them, the recomputations placed before the kernel included. On the U-Net at 45% a
     BatchNorm backward's last elementwise op, two nodes before the recomputation of the
     first encoder level, ran after it, and the 64 MiB it reads lived through it."""
+    forward, costs, kept = c.forward, c.costs, c.kept
     out: dict[fx.Node, fx.Node] = {}
     for n in order:
         if n in forward or n.op != "call_function" or n not in costs or _stays_stored(n, kept):
