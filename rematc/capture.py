@@ -14,7 +14,13 @@ The joint graph holds the forward and the backward of one training step. Here we
    of convolutions that Inductor's layout optimization makes (:func:`layout_copies`);
 4. order the backward as the emitted graph will run it: autograd's order, with each
    node's not-yet-computed backward inputs placed just before it (what
-   ``reordering_to_mimic_autograd_engine`` does to the emitted backward).
+   ``reordering_to_mimic_autograd_engine`` does to the emitted backward);
+5. under Inductor, set the memory effects of the problem (``Node.unstored``,
+   ``Node.overwrites``) where Inductor computes a value inside its readers or writes a
+   kernel's output over a dying input.
+
+:func:`capture` runs these as stages over one :class:`Capture`; what each Inductor rule
+does, with its measurements, is ``rematc.inductor_rules`` and docs/inductor-memory.md.
 """
 
 from __future__ import annotations
@@ -297,36 +303,10 @@ def step_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:
 def split_shared_pointwise(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], *,
                            num_fwd_outputs: int, static_lifetime_input_indices: Sequence[int] = ()) -> int:
     """Give each reader of a cheap forward-only elementwise value its own copy of it, as
-    Inductor does; return how many copies were made.
-
-    Inductor computes such a value inside each elementwise or reduction kernel that reads
-    it and never stores it, unless it is a forward output (saved for the backward). As one
-    value read by several ops, the problem would count its bytes from its step to its last
-    reader: at the end of a language model's forward that is the logits minus their
-    maximum, 128 MiB on the GPT-2 benchmark, where Inductor stores only the log-softmax
-    (written over the logits). With a copy per reader, each copy has one reader and
-    :func:`fused_groups` folds it into it, so the log-softmax reads the logits itself and
-    may take their storage over. Saving such a copy is no decision the plan can make (a
-    reader saved or recomputed carries its copy), which is what Inductor would do with the
-    value unsaved. A value the backward reads too keeps its first forward reader and its
-    backward ones: it is then the forward copy in ``Node.unstored``, stored by the forward only where the plan
-    saves it (then Inductor's other forward readers read it, where the copies read its
-    inputs: on the safe side). Under bf16 autocast the loss upcasts the logits, and that
-    fp32 copy, read by the maximum, the exp-sum and the log-softmax and recomputed for the
-    loss's gradient, had counted in the forward where Inductor never stores it (8 MiB on
-    the test GPT-2 of transformers at vocabulary 4096, 40% of its peak).
-
-    Only values whose inputs hold no more bytes than they do (up to ``SPLIT_SLACK``):
-    the copies keep those inputs alive to the last reader in its place, and a plan that
-    keeps the value, say as a checkpoint, must then keep them instead. A residual
-    stream's sum of two streams would cost a checkpoint twice its bytes, where Inductor
-    stores the sum once it is saved (a forward output); per-block checkpointing of the
-    GPT-2 benchmark peaked 81 MiB higher that way.
-
-    The conditions are :func:`inline_values`'s, on the FX node: elementwise, not random,
-    no output or forced save, at most :func:`realize_reads` inputs, on the CPU no exp, log,
-    sigmoid or tanh, and every reader an elementwise or reduction op of the forward that
-    Inductor does not make an extern kernel."""
+    Inductor computes it inside each reader and never stores it; return how many copies
+    were made. Only values whose inputs hold no more bytes than they do
+    (``SPLIT_SLACK``); a value the backward reads keeps its first forward reader and its
+    backward ones. Rules 4 and 14 of docs/inductor-memory.md."""
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     kept = step_outputs(joint, num_fwd_outputs)
     extern = frozenset(addmm_pairs(joint).values())
@@ -411,19 +391,9 @@ def _own_storage(v: fx.Node, copy: fx.Node) -> None:
 def copy_constants_to_backward(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost],
                                forward: Collection[fx.Node]) -> int:
     """Give the backward its own copy of each constant the forward computes and the
-    backward reads (a ``full`` with no inputs, which CSE shares between the two); return
-    how many copies were made.
-
-    Inductor computes a constant inside each kernel that reads it, so it is no buffer, and
-    :func:`inline_values` counts it so. A forward constant the backward reads is a forward
-    value, though, which the plan may save, and a saved one is a graph input of the
-    backward: a buffer each kernel reading it loads. The cross-entropy backward's one-hot
-    gradient then reads five buffers (the labels, the incoming gradient, the count of
-    labels and two saved constants), over Inductor's threshold of four for a value that
-    two loops of its kernel read, and Inductor stores it: a logits-sized buffer the model
-    did not count (fp32 under bf16 autocast: the test GPT-2 of transformers at vocabulary
-    4096 measured 13.45 MiB against its 13.08 MiB budget). With its own copy the backward
-    computes the constant, as the model assumes, and the forward's is no decision."""
+    backward reads (a ``full`` with no inputs, which CSE shares between the two), so the
+    backward computes it in each kernel and the forward's is no decision; return how many
+    copies were made. Rule 13 of docs/inductor-memory.md."""
     copies = 0
     for v in list(joint.graph.nodes):
         readers = [u for u in v.users if u not in forward and u.op != "output"]
@@ -442,20 +412,10 @@ def copy_constants_to_backward(joint: fx.GraphModule, costs: dict[fx.Node, NodeC
 
 
 def with_one_reader_kernels(c: Capture, problem: Problem) -> Problem:
-    """``problem`` with the forward values that one kernel computes inside its own where the
-    plan leaves them one reader in a graph: the forward copy in ``Node.unstored`` and more the recomputed copy in ``Node.unstored``.
-
-    Inductor inlines an elementwise result into its reader when it is that graph's only
-    reader (:func:`inline_reader`), whatever ops it holds. The forward's graph reads a
-    value the forward does not save only in the forward, so a value with one forward
-    reader, a kernel that can compute it (:func:`_fusible_reader`), is stored there only
-    when saved (``fused``). Likewise a recomputed value with one reader in the backward,
-    where no forward reader of it can be recomputed too, is computed inside that reader
-    (``inline``), though it holds a log or an exp that :func:`inline_values` keeps stored
-    for several readers. On the GPT-2 benchmark: each LayerNorm's normalized input and the
-    GELU's intermediates, which the forward stores only when saved, and the log-softmax,
-    which the forward computes inside the loss and, recomputed, the backward inside the
-    loss gradient."""
+    """``problem`` with the forward copy unstored of each value one forward kernel can compute
+    (stored only when saved), and the recomputed copy unstored of each value with one
+    backward reader that can compute it, where no forward reader of it is recomputed too
+    and the kernel stays within :class:`KernelLimits`. Rule 10 of docs/inductor-memory.md."""
     groups, value_of, forward, costs, kept, extern = c.groups, c.value_of, c.forward, c.costs, c.kept, c.extern
     limits = kernel_limits(groups, costs)
     may_recompute = {w for w in problem.candidates if problem.nodes[w].recomputable}
@@ -498,43 +458,12 @@ def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, 
 
 
 def with_inplace_reuse(c: Capture, problem: Problem, *, donated: bool = True) -> Problem:
-    """``problem`` with ``Node.overwrites`` set where Inductor writes a kernel's output over an
-    input that dies in that kernel.
-
-    Inductor's scheduler (``inplace_buffers``) gives an elementwise kernel's output the
-    buffer of an input of the same size that this kernel reads last, instead of
-    allocating one and freeing the other after it. Without this the model counts both at
-    that step: on the GPT-2 benchmark the logits-sized loss gradient (128 MiB at batch 8)
-    was counted twice at the peak, 17% over the measured peak. Marked only where
-    Inductor does it: the value's owner is a pointwise op that mutates nothing, it reads
-    the input's owner directly (through a view the read is not at the write's index),
-    the input is no graph input, and the value is the input's last reader. A read through
-    an ``unstored`` value (an elementwise backward value Inductor computes inside its
-    readers) is a direct read: the kernel loads that value's inputs itself. The U-Net's
-    BatchNorm-ReLU backward reads the ReLU's output through the unstored
-    ``threshold_backward`` and writes its gradient over it; with direct reads only, the
-    model had counted both. Whether it reads the input's storage last is up to the plan
-    (:attr:`Problem.taken_over`: a saved forward copy is not overwritten in the forward, a
-    later recomputation keeps the backward's copy). Of several such inputs the one marked
-    is the first by :func:`_reuse_preference`.
-
-    A backward kernel that also reads an unstored value of its own size that a second op
-    reads too (a reduction fused beside it) takes a forward input's saved copy, but not a
-    copy the backward recomputes after that value (``Node.overwrites_copies``): the GPT-2
-    loss gradient writes over the saved log-softmax (a donated graph input), but with the
-    logits recomputed in the backward Inductor stores the one-hot gradient in the kernel
-    and writes over that, so the recomputed logits stay: a plan recomputing them measured
-    497 MiB against 385 MiB predicted at per-block checkpointing's peak (402 MiB).
-
-    A forward value reaches the backward as a graph input, which Inductor writes over only
-    when AOTAutograd donates it (``functorch_config.donated_buffer``, on by
-    default). With ``donated`` false no backward kernel takes a forward value over: with
-    the flag off the test GPT's step measured 6.5% over the prediction that assumed it, and
-    on an H100 with torch 2.11, where rematc's backward took no saved value over, the
-    GPT-2 benchmark's loss gradient stood beside the saved logits (+113 MiB). A copy the
-    backward recomputes is its own buffer and could still be taken over; the model has
-    no mark for "the recomputed copy only", so it counts none there (on the safe side).
-    """
+    """``problem`` with ``Node.overwrites`` set where Inductor writes an elementwise kernel's
+    output over a same-sized input that dies in it (read directly, or through a backward
+    value stored nowhere), the first by :func:`_reuse_preference`; ``overwrites_copies``
+    the forward copy only where the kernel stores an intermediate ahead of a recomputed
+    copy. With ``donated`` false no backward kernel takes a forward value over. Rules 1
+    and 5 of docs/inductor-memory.md."""
     groups, value_of, costs, per_reader = c.groups, c.value_of, c.costs, c.per_reader
     through = frozenset(c.unstored_backward)
 
@@ -572,17 +501,10 @@ def with_inplace_reuse(c: Capture, problem: Problem, *, donated: bool = True) ->
 
 
 def _reuse_preference(node: Node, v: int, per_reader: bool = False) -> tuple[bool, bool, int]:
-    """Which input a kernel writes over, of several that die in it: one that is not inline
-    (recomputed, an inline value is computed inside the kernel, no buffer to take), then
-    one of the backward's own (Inductor's in-place pass takes the kernel's buffers; a
-    forward value arrives as a graph input, taken only when donated), then value order.
-    The test GPT's GELU backward writes over the matmul gradient it reads, not over the
-    recomputed ``x * 0.5`` it reads first: modelled so, its peaks measure within 4% of
-    their prediction, 13-16% under it before. A ``per_reader`` value is inline only where
-    the plan recomputes it; saved, it is the stored input the GELU's gradient takes over
-    (the test GPT's tanh), so it ranks as stored. Recomputed, it has no buffer to take:
-    the model then credits no take-over, and the input Inductor takes instead is counted
-    one step longer (on the safe side)."""
+    """Which input a kernel writes over, of several that die in it: one that is stored
+    (not computed inside the kernel; a ``per_reader`` value counts as stored), then one of
+    the backward's own (a forward value is taken only when donated), then value order.
+    Rule 1 of docs/inductor-memory.md."""
     return not node.stores(Copy.RECOMPUTED) and not per_reader, not node.backward, v
 
 
@@ -615,17 +537,9 @@ def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx
 
 def accumulate_copy_bytes(nodes: Sequence[fx.Node], kept: Collection[fx.Node]) -> int:
     """Bytes autograd allocates after the backward to give a gradient its parameter's
-    layout: the largest weight gradient a convolution backward returns channels-last.
-
-    Under Inductor's layout optimization a convolution backward reads a channels-last
-    weight and returns the weight's gradient channels-last, and the backward graph
-    returns it so. Autograd's ``AccumulateGrad`` steals a gradient only when its strides
-    are the parameter's (those of its dimensions longer than one); otherwise it copies it
-    into a new tensor of the parameter's strides and then frees it. Those copies run one
-    at a time once the backward has returned, with every gradient alive: one gradient
-    more than the step's end. ResNet-18 at batch 2 over 64x64 images: 9 MiB (a 512-channel
-    3x3 kernel) above the 44.7 MiB of gradients. A 1x1 kernel's gradient has the same
-    strides either way."""
+    layout: the largest weight gradient a convolution backward returns channels-last
+    (a 1x1 kernel's has its parameter's strides already). Rule 12 of
+    docs/inductor-memory.md."""
     out = 0
     for n in nodes:
         if not (n in kept and n.target is operator.getitem and n.args[1] == 1):
@@ -668,38 +582,11 @@ class Elements(NamedTuple):
 def split_elements(c: Capture, *, whole: Collection[fx.Node] = (), save_only: Collection[fx.Node] = ()
                    ) -> Elements:
     """Make elements of multi-output ops values of their own: each kept element, every
-    element of an op in ``whole``, and the statistics of ``forward`` ops.
-
-    ``convolution_backward`` returns the input's gradient and the weight's: as one value,
-    the input's gradient would stay to the end of the step with the weight's. Split off,
-    the kept element lives to the end and the op's value dies with its last other reader.
-    The op's value keeps counting the element's bytes too (they are allocated while the
-    op runs, before the element's own step): an overcount for the few steps the op's
-    other outputs live, never an undercount. The element's views go with it.
-
-    An op in ``whole`` (a backward op with a workspace) hands every element over: its
-    value is then what it allocates while it runs (outputs and workspace), read by no
-    one, so it lives at its own step only, and each element lives from its ``getitem``,
-    right after the op, to its last reader. A oneDNN convolution backward's scratchpad
-    (72 MiB for a 512-channel 3x3 convolution of ResNet-18 at batch 2 over 64x64 images)
-    then counts while it runs, not until the input's gradient dies.
-
-    A statistic is an element of a forward op that the backward reads, at most
-    ``SPLIT_SLACK`` of the op's bytes, where the backward reads no other output of it:
-    BatchNorm's mean, inverse deviation and running statistics on the eager route. As
-    one value with the normalized output, that output was counted as saved until the
-    BatchNorm's backward, where the forward frees it after the ReLU reads it (ResNet-18
-    at batch 2 over 224x224 images, no budget: 97.9 MiB predicted, 81.4 MiB measured). A
-    statistic is saved, never recomputed (``Node.recomputable`` false): recomputing it
-    would run the whole op; a plan recomputing the op keeps it saved all the same (bytes
-    per channel).
-
-    Every element the backward reads of a ``save_only`` forward op (one that is never
-    recomputed: eager's dropout, which would draw a new mask) is a statistic too, whatever
-    its size: recomputing it alone is impossible, so nothing is lost, and the op's other
-    outputs die with their last forward reader. As one value, each dropout's output was
-    counted as saved beside its mask (the test GPT with eager's generator on an H100,
-    nine dropouts: predicted 78.7 MiB, generated and measured 62.7)."""
+    element of an op in ``whole`` (handed over right after the op, whose value then lives
+    at its own step only: outputs and workspace), and the statistics of forward ops (small
+    elements the backward reads, and every element the backward reads of a ``save_only``
+    op), which are saved, never recomputed. Rule 11 of docs/inductor-memory.md and
+    docs/memory-model.md."""
     nodes, owner, kept, forward = c.nodes, c.owner, c.kept, c.forward
     sizes: dict[fx.Node, int] = {}
     handed: dict[fx.Node, fx.Node] = {}
@@ -786,26 +673,10 @@ def kernel_limits(groups: Sequence[Sequence[fx.Node]], costs: dict[fx.Node, Node
 
 
 def fused_groups(c: Capture, addmm: dict[fx.Node, fx.Node]) -> tuple[list[list[fx.Node]], frozenset[fx.Node]]:
-    """The values as Inductor stores them, and the FX nodes it inlines.
-
-    A matmul that Inductor merges into the add reading it (``addmm``: mm -> add, see
-    :func:`addmm_pairs`) joins the add's value: its result is never stored, and it runs
-    (and is recomputed) with the add. It keeps its time; the add, now an extern kernel,
-    neither inlines its inputs nor is inlined.
-
-    A value that its one reader inlines (:func:`inline_reader`) is no value of its own:
-    its nodes join the reader's value, whose kernel computes them. Values are in
-    topological order, so a chain folds from the front, each kernel carrying what was
-    inlined into it, while it stays within the device's :class:`KernelLimits`.
-
-    In the problem that means: an inlined value's bytes never count, its inputs live
-    until its reader runs, saving it is no choice (saving the reader is), and recomputing
-    the reader recomputes it, all as in the code Inductor generates.
-
-    Inductor also inlines a cheap result into each of several readers, but it stores
-    such a result wherever the forward saves it for the backward, so a value read by
-    several ops stays a value here; where it is recomputed instead, the recomputed copy in ``Node.unstored``
-    (:func:`inline_values`) says it holds no memory."""
+    """The values as Inductor stores them, and the FX nodes folded into a reader's value:
+    a matmul merged into its add (``addmm``), and a value whose one reader computes it
+    (:func:`inline_reader`), folded from the front while the kernel stays within the
+    device's :class:`KernelLimits`. Rules 2 and 10 of docs/inductor-memory.md."""
     groups, value_of, costs = c.groups, c.value_of, c.costs
     limits = kernel_limits(groups, costs)
     kernels = [list(g) for g in groups]
@@ -906,26 +777,11 @@ HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"
 
 
 def inline_values(c: Capture) -> set[int]:
-    """The values Inductor computes inside each op that reads them instead of storing
-    them, wherever they are computed in the backward (the recomputed copy in ``Node.unstored``).
-
-    Inductor's lowering keeps an elementwise result unstored and inlines it into every
-    reader unless a reader needs a buffer (an extern kernel), the result is an output, or
-    it is worth storing because several ops read it (``should_realize_on_reuse``: on the
-    CPU any exp/log/sigmoid/tanh in it, or more than :func:`realize_reads` buffers read).
-    Single-reader values are folded into their reader already (:func:`fused_groups`);
-    this is for the rest. A forward value stays a value: stored
-    when the forward saves it, inlined when recomputed (on the GPT-2 benchmark the
-    GELU-tanh's cheap intermediates, 96 MiB per recomputed MLP). A backward value is
-    never stored (the cross-entropy backward's ``one_hot * grad``, logits-sized).
-
-    Buffers read are counted as Inductor counts them: a constant factory reads none, and
-    an unstored backward value stands for the buffers it reads. A recomputed forward value
-    reads its inline inputs' buffers if they are recomputed with it, its inputs' own if
-    they are saved: it is inline only when both counts are within the threshold (the
-    flag cannot follow the plan). On the small benchmark Llama, RMSNorm's ``x * rsqrt``
-    recomputed with its residual sum reads the four branch outputs and the saved mean;
-    Inductor stores it for its two readers (16 KiB the model missed, 3% of the peak)."""
+    """The values Inductor computes inside each op that reads them instead of storing them,
+    wherever they are computed in the backward: elementwise, every reader able to compute
+    them, and not worth storing for several readers (on the CPU no exp, log, sigmoid or
+    tanh; at most :func:`realize_reads` buffers read, counted as Inductor counts them).
+    Rules 3 and 15 of docs/inductor-memory.md."""
     groups, deps, forward, costs, kept, extern = c.groups, c.deps, c.forward, c.costs, c.kept, c.extern
     unstored: dict[int, frozenset[int]] = {}  # backward value read without its own buffer -> buffers read instead
     through: dict[int, frozenset[int]] = {}  # forward inline value, recomputed -> buffers read instead
@@ -954,21 +810,9 @@ def inline_values(c: Capture) -> set[int]:
 def per_reader_values(c: Capture, inline: Collection[int]) -> dict[int, int]:
     """Forward values whose recomputation the backward emits once per reader, each copy
     computed inside its reader's kernel and never stored: value -> the kernels that
-    compute it.
-
-    Inductor stores an elementwise result that several ops read when it holds a tanh,
-    exp, log or sigmoid (on the CPU it will not compute one twice), inlined inputs
-    included. For a recomputation that trade is a bad one: the GELU-tanh's ``tanh``
-    recomputed for the GPT-2 benchmark's backward is a 32 MiB buffer per layer, written
-    by the kernel that recomputes the GELU (39 ms there against 16 ms for the forward's,
-    which writes one buffer) and live to the gradient's kernel, which computes the tanh
-    itself in 19 ms when it has its own copy. So the emitter gives each reader its own
-    copy (:func:`rematc.emit.split_per_reader`): the value is ``inline`` and priced once
-    per kernel that computes it, each recomputed forward reader's and one for the
-    backward's. That covers the cheap values that read it too (``1 + tanh``, read by the
-    GELU and its gradient), which would hold the tanh otherwise. Same conditions as
-    :func:`inline_values` otherwise: elementwise, fusible readers, at most
-    :func:`realize_reads` buffers read through the inline inputs recomputed with it."""
+    compute it (:func:`rematc.emit.split_per_reader`). The recomputed values Inductor
+    would store for several readers because they hold a tanh, exp, log or sigmoid, under
+    :func:`inline_values`'s other conditions. Rule 3 of docs/inductor-memory.md."""
     groups, value_of, deps, forward, costs, kept, extern = (
         c.groups, c.value_of, c.deps, c.forward, c.costs, c.kept, c.extern)
     split: set[int] = set()
@@ -1009,15 +853,9 @@ def _inlinable(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: s
 
 def addmm_pairs(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:
     """``mm -> add`` for every ``add(mm(a, b), c)`` that Inductor rewrites into
-    ``addmm(c, a, b)`` (its post-grad pattern ``addmm``, torch 2.13).
-
-    The rewrite runs the matmul at the add, so ``a`` and ``b`` are read there and the
-    matmul's result never exists. It is common in a backward: a weight used twice (tied
-    embeddings) gets its gradient as ``add(mm(dy, x), other)``, and the logits-sized
-    ``dy`` then lives until that add, near the end of the backward. Inductor's
-    conditions: the mm has no other reader, ``c`` is a tensor of the same dtype that
-    broadcasts to the product, and on a GPU not every reader of the add is pointwise
-    (there it prefers to fuse the add into those readers instead)."""
+    ``addmm(c, a, b)``: the mm has no other reader, ``c`` is a tensor of the same dtype that
+    broadcasts to the product, and on a GPU not every reader of the add is pointwise.
+    Rule 2 of docs/inductor-memory.md."""
     out: dict[fx.Node, fx.Node] = {}
     for add in joint.graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor):
         if add.kwargs or len(add.args) != 2 or add in out.values():
@@ -1129,15 +967,8 @@ def _inline_view(n: fx.Node) -> bool:
 
 def deferred_to_reader(c: Capture, order: Sequence[fx.Node]) -> dict[fx.Node, fx.Node]:
     """Backward elementwise values that Inductor computes only when their one reader, an
-    extern kernel, is lowered: value -> that reader.
-
-    Inductor's lowering stores an elementwise result at its own node only when several
-    ops read it (``GraphLowering.run_node``); with one reader it stays a loop body until
-    the reader needs it, and an extern kernel (a convolution or matmul backward) needs it
-    stored, so its loop runs just before that kernel, after everything lowered between
-    them, the recomputations placed before the kernel included. On the U-Net at 45% a
-    BatchNorm backward's last elementwise op, two nodes before the recomputation of the
-    first encoder level, ran after it, and the 64 MiB it reads lived through it."""
+    extern kernel, is lowered (so after the recomputations placed before that kernel):
+    value -> that reader. Rule 8 of docs/inductor-memory.md."""
     forward, costs, kept = c.forward, c.costs, c.kept
     out: dict[fx.Node, fx.Node] = {}
     for n in order:
