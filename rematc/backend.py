@@ -112,6 +112,12 @@ class Backend:
                                    partitioner.lost_donations)
         if self.options.budget is not None:
             inner = keep_plan_order(planned_reuse(inner, lambda: partitioner.room))
+        else:
+            # Without a budget the plan is the model's own checkpointing where it has one:
+            # Inductor's fusions are then held to its order too, or a recomputation fused
+            # into an earlier kernel lives through the attention backward
+            # (docs/memory-model.md, the model's own activation checkpointing).
+            inner = keep_plan_order(inner, when=lambda: partitioner.honours_checkpointing)
         inner = recording_peaks(inner, partitioner.generated)
         # AOTAutograd's cache would skip the partitioner: no record, and a later graph of
         # the step planned without what this one holds. Inductor's FX graph cache (the

@@ -1,4 +1,5 @@
-"""Under a budget, Inductor fuses kernels only where the plan's order allows it.
+"""Under a budget, or without one where the plan is the model's own checkpointing, Inductor
+fuses kernels only where the plan's order allows it.
 
 The plan's peak assumes each op runs in the order the plan was made for and frees its
 inputs after their last reader. Inductor's scheduler may fuse two kernels that share
@@ -9,32 +10,28 @@ Inductor's own guard (``Scheduler.are_long_distant_nodes``) refuses such fusions
 when the kernels are more than 64 nodes apart, and its docstring names the problem:
 fusions that lengthen live ranges across a region of high memory.
 
-Measured on the benchmark Llama (RMSNorm, SwiGLU, rotary embeddings) at toy sizes, the
-step peaked 12-21% above the plan at 80% / 60% / 45% of its unconstrained peak:
-
-* the last RMSNorm's recomputed output was fused with the RMSNorm backward's pointwise
-  part (both read the same two saved tensors), which runs after the LM head's
-  input-gradient matmul, so the weight-gradient matmul that reads the recomputation ran
-  later too, with that gradient and the norm backward's output alive (at full size 16
-  MiB above the plan);
-* the weight-gradient sum of a layer's MLP norm was fused with that of its attention
-  norm, so the MLP gradients it reads stayed alive through the attention backward.
+Two such fusions on the benchmark Llama took its step above the plan: the last RMSNorm's
+recomputed output fused with the RMSNorm backward's pointwise part (both read the same two
+saved tensors), which runs after the LM head's input-gradient matmul, so the
+weight-gradient matmul that reads the recomputation ran later too, with that gradient and
+the norm backward's output alive; and the weight-gradient sum of a layer's MLP norm fused
+with that of its attention norm, so the MLP gradients it reads stayed alive through the
+attention backward.
 
 A vertical fusion (a consumer into its producer's kernel) moves the consumer the other
 way: the fused kernel runs where the producer did, so the consumer's output is made
-early and lives from there. On the full-size benchmark Llama, PyTorch's knapsack choice
-at ``activation_memory_budget`` 0.5's peak recomputes the residual sums at the start of
-the backward; each layer's recomputed norm, a reader of one of them that the plan runs
-at that layer's backward, was fused into that first kernel, and the step measured
-752.6 MB against 709.9 MB predicted, over its 728.3 MB budget.
+early and lives from there. PyTorch's knapsack choice on the benchmark Llama recomputes
+the residual sums at the start of the backward, and each layer's recomputed norm, a
+reader of one of them that the plan runs at that layer's backward, was fused into that
+first kernel.
 
 The rule: a fusion, horizontal or vertical, is refused when an extern kernel (a matmul,
 attention, convolution: ops that are not fused and allocate their outputs) runs between
 the two kernels in the scheduler's order, the order the graph was lowered in (the plan's;
 an elementwise value with one extern reader is emitted where that reader is lowered,
 which the plan follows too: :func:`rematc.capture.deferred_to_reader`). Fusions between
-neighbouring pointwise and reduction kernels stay. With it the toy Llama measures within
-0.3% of the plan at all three budgets, and the knapsack plan above 718.3 MB.
+neighbouring pointwise and reduction kernels stay. Measurements before and after:
+docs/inductor-memory.md, item 7.
 """
 
 from __future__ import annotations
@@ -103,10 +100,11 @@ def _why_not(node1: Any, node2: Any) -> None:
     WhyNoFuse(node1, node2)("rematc: an extern kernel runs between them in the plan's order")
 
 
-def keep_plan_order(inner_compile: Callable[..., Any]) -> Callable[..., Any]:
+def keep_plan_order(inner_compile: Callable[..., Any], *, when: Callable[[], bool] = lambda: True
+                    ) -> Callable[..., Any]:
     """``inner_compile`` with :class:`KeepPlanOrder` as Inductor's choices handler for
-    the duration of each call (the backward compiles later, through this same
-    ``inner_compile``)."""
+    the duration of each call where ``when()`` holds at that call (the backward compiles
+    later, through this same ``inner_compile``)."""
     try:
         from torch._inductor.virtualized import V
     except ImportError:
@@ -119,6 +117,8 @@ def keep_plan_order(inner_compile: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(inner_compile)
     def compile_in_plan_order(*args: Any, **kwargs: Any) -> Any:
+        if not when():
+            return inner_compile(*args, **kwargs)
         with V.set_choices_handler(KeepPlanOrder(V.choices)):
             return inner_compile(*args, **kwargs)
 

@@ -134,17 +134,10 @@ def clear_records() -> None:
 
 @dataclass
 class BudgetShare:
-    """One absolute budget shared by the graphs of one compiled step (graph breaks).
-
-    A step compiled into graphs 1..n runs forward 1, ..., forward n, backward n, ...,
-    backward 1: what graph j holds when its forward ends (saved activations and its
-    outputs) stays alive while every later graph runs. So graph k is planned with the
-    budget minus what graphs 1..k-1 hold, ``held_before``. Graphs are keyed by Dynamo
-    frame (execution order, as Dynamo compiles frames when execution reaches them) and
-    by their order within the frame (DDP's bucket split); a recompilation of a graph
-    (a new shape) replaces its entry. Fraction budgets are not shared: each graph's
-    fraction applies to its own unconstrained peak.
-    """
+    """One absolute budget shared by the graphs of one compiled step: graph k is planned
+    with the budget less what graphs 1..k-1 hold when their forwards end (``held_before``),
+    keyed by Dynamo frame and order within it; a recompilation replaces its graph's entry.
+    Fraction budgets are not shared. See docs/reliability.md, "Graph breaks"."""
 
     holds: dict[tuple[int, int], int] = field(default_factory=dict)  # graph -> bytes
     problems: dict[tuple[int, int], Problem] = field(default_factory=dict)  # graph -> its problem, no budget
@@ -307,6 +300,11 @@ class RematPartitioner(CustomPartitionerFn):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["options"])  # type: ignore[misc]
+
+    @property
+    def honours_checkpointing(self) -> bool:
+        """Whether the last plan is the model's own activation checkpointing, as it is."""
+        return self.record is not None and self.record.solver == "checkpointing"
 
     def _amend(self, **changes: Any) -> PartitionRecord | None:
         """Replace the last plan's record (here and in ``records()``) by one with
@@ -503,21 +501,12 @@ class Planned(NamedTuple):
 
 
 def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -> Planned:
-    """The plan for ``problem``, from the first of (``known``: a plan that may fit, such
-    as the model's own checkpointing, taken where a search finds none):
-
-    1. the plan cache (``options.cache_dir``), when it holds a plan the checker accepts;
-    2. under Inductor, the least peak that recomputing only free values (fused pointwise
-       ops) reaches, at the least time (:func:`solvers.free.least_peak_free`), with no
-       budget or one it fits; cached;
-    3. saving everything, when it fits (it adds no time);
-    4. CP-SAT; its plan is cached. On a time-out it returns the best plan found (its gap
-       is recorded). With no plan at all, the greedy plan if the checker accepts it,
-       with a warning (not cached: a later run may have the time to do better); else
-       :class:`NoPlanError`. Any exception raised inside a search comes out as
-       :class:`SolverError` (stage "solve", the original as ``__cause__``);
-       :class:`InfeasibleBudgetError` comes out as it is: it is an answer.
-    """
+    """The plan for ``problem``, the first of: a cached or in-hand plan the checker accepts;
+    under Inductor, the least-peak plan over free recomputations where it fits; saving
+    everything where it fits; CP-SAT's; the greedy plan, one in hand or ``known``, with a
+    :class:`SolverFallbackWarning`. Raises :class:`NoPlanError` with none,
+    :class:`SolverError` for a fault inside a search and :class:`InfeasibleBudgetError` as
+    it is. See docs/reliability.md, "Solver faults"."""
     root = plancache.directory(options.cache_dir)
     digest = plancache.key(problem, options.solver, options.compiler) if root is not None else ""
     if root is not None:
@@ -529,10 +518,9 @@ def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -
         return Planned(kept, cached=False)
     if options.compiler == "inductor" and _free_may_fit(problem):
         # Under Inductor a recomputed pointwise op fuses into its reader, so recomputing
-        # those is nearly free. A budget that plan meets changes nothing: the search for
-        # the budget would stop at the least-time plan, which at a loose budget sits just
-        # under the budget, higher than this plan and measured no faster (the U-Net at
-        # 80%: 1093 MiB at 1.06x the default compile's step, against 993 MiB at 1.02x).
+        # those is nearly free. A budget that plan meets changes nothing: the least-time
+        # plan for a loose budget peaks higher and runs no faster (docs/memory-model.md,
+        # "Without a budget").
         free = _searching(least_peak_free, problem, options)
         if problem.budget is None or free.plan is not None:
             if root is not None:
