@@ -213,25 +213,11 @@ PROBE_TIMEOUT = 600.0  # seconds for the fresh process that measures while a pro
 
 
 def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict[fx.Node, int]:
-    """Bytes each op of ``nodes`` allocates for itself while it runs, beside its outputs:
-    the most the allocator holds during one call, less its outputs' storage.
-
-    Measured for the CPU backward kernels of :data:`PROBED` (0 for every other op): each
-    distinct call runs on zero-filled tensors of its arguments' sizes, strides and dtypes
-    (channels-last for a convolution's 4-D tensors with ``channels_last``: Inductor's
-    layout), once after a warm-up, under the profiler's allocator events
-    (:func:`rematc.memory.profiler_peak`). While a profiler records in this process a
-    second one would end it, so the calls then run in a fresh Python process.
-
-    On the 2-core AVX2 machine of the tests, with 2 threads: a convolution backward
-    computes the weight's gradient in oneDNN's blocked layout with a scratchpad and
-    reorders it into the output; for a 512-channel 3x3 convolution at batch 2 over 2x2
-    pixels that is the blocked gradient and 8 weight-sized buffers of scratchpad (4 with
-    one thread), over 7x7 pixels the blocked gradient only; channels-last adds a
-    contiguous copy of the gradient and the copy back. BatchNorm's backward holds an
-    input-sized buffer; the CPU flash attention's backward about one query-sized one.
-    Where a call cannot be measured, a convolution backward counts two weight-sized
-    buffers (the blocked gradient and its reorder) and the others none, with a warning."""
+    """Bytes each op of ``nodes`` allocates for itself while it runs, beyond its outputs'
+    storage: measured once per distinct call for the CPU kernels of :data:`PROBED` (in
+    Inductor's channels-last layout with ``channels_last``), 0 for every other op. A
+    convolution backward that cannot be measured counts two weight-sized buffers, with a
+    warning. Rule 11 of docs/inductor-memory.md."""
     calls: dict[fx.Node, str] = {}
     for node in nodes:
         outs = tensors(node.meta.get("val"))
@@ -352,15 +338,9 @@ def _strides(t: torch.Tensor, channels_last: bool) -> list[int]:
 
 def recompute_cost(time: float, *, pointwise: bool, fuses: bool, device: DeviceProfile,
                    transcendentals: float = 0.0) -> float:
-    """Seconds a recomputation adds to the backward.
-
-    Under Inductor a recomputed pointwise op is generated inside the kernel that reads its
-    result: the kernel reads the op's inputs instead of a saved output, about the same
-    bytes, so the pass over memory the roofline charges does not happen; what remains is
-    at most one launch and the op's own arithmetic where that is not free, its
-    transcendentals (PyTorch's min-cut partitioner treats such recomputation as free; on
-    a CPU one GELU-tanh recomputed into its backward kernel measures 1 ns per element).
-    Everything else, and everything on the eager route, costs its roofline time again."""
+    """Seconds a recomputation adds to the backward: for a pointwise op that fuses into its
+    reader (Inductor), at most one launch plus its transcendentals; for anything else, and
+    on the eager route, its roofline ``time`` again. See docs/architecture.md, "2. annotate"."""
     if fuses and pointwise:
         return min(time, device.launch_overhead + transcendentals * device.transcendental_time)
     return time

@@ -13,8 +13,8 @@ traffic is gone, which is what happens to a recomputation fused into its reader.
 
 GPU peak rates are the vendors' dense datasheet numbers (no sparsity); their attention
 runs at the matmul peak and their transcendentals are free, both unmeasured. The CPU
-figures were measured on a 2-core cloud VM with one thread and are meant to be
-overridden (``DeviceProfile(...)`` or ``options``).
+figures were measured on a 2-core cloud VM with one thread (docs/architecture.md,
+"2. annotate") and are meant to be overridden (``DeviceProfile(...)`` or ``options``).
 """
 
 from __future__ import annotations
@@ -50,24 +50,17 @@ class DeviceProfile:
         return max(compute, memory) + self.launch_overhead
 
 
-# Cost of one element of each elementwise transcendental in units of one exp, measured on
-# the CPU below in Inductor kernels (``g * f(x)`` against ``g * x``, 8.4M fp32 elements,
-# one thread): exp 0.40 ns, sigmoid 0.45, erf 0.50, log 0.57, sin / cos 0.35-0.37,
-# tanh 0.99-1.1. sqrt and rsqrt are single instructions (0.1 ns) and count nothing.
+# Cost of one element of each elementwise transcendental, in units of one exp, as measured
+# on the CPU profile's machine; ops missing here (sqrt, rsqrt) count nothing. The
+# measurements: docs/architecture.md, "2. annotate".
 TRANSCENDENTAL_WEIGHT: dict[str, float] = {
     "exp": 1.0, "sigmoid": 1.1, "erf": 1.25, "log": 1.4, "sin": 0.9, "cos": 0.9, "tanh": 2.5,
 }
 
 
 PROFILES: dict[str, DeviceProfile] = {
-    # A 2-core x86 cloud VM, one thread: a 4096x512x2048 fp32 matmul 95 GFLOP/s; the
-    # flash-attention kernel forward and backward 42-44 GFLOP/s at head size 64 (T 256-512;
-    # 64 at head size 128); a transcendental 0.4 ns per exp-equivalent. Memory: an fp32 add
-    # into an existing buffer streams 42-55 GB/s at 31-128 MiB, but into a fresh one of
-    # 32 MiB or more 7.2-7.5 GB/s (glibc maps such allocations anew; first touches fault
-    # at ~2.9 GB/s); below 32 MiB freed memory is reused. The 20 GB/s here sits between;
-    # the op-by-op added time of a benchmark plan measured 0.99 of its prediction with it.
-    # CPU "offload" would be host-to-host, so there is no host tier.
+    # A 2-core x86 cloud VM with one thread, calibrated there (docs/architecture.md,
+    # "2. annotate"). CPU "offload" would be host-to-host, so there is no host tier.
     "cpu": DeviceProfile(name="cpu", flops_fp32=100e9, flops_16bit=50e9, mem_bandwidth=20e9,
                          host_bandwidth=0.0, launch_overhead=2e-6, transcendental_time=0.4e-9,
                          attention_efficiency=0.45),

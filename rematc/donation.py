@@ -1,15 +1,14 @@
 """Whether the backward got the donated buffers the memory model counted on.
 
 Under Inductor the model lets a backward kernel write its output over a saved forward
-value that dies in it (``Node.overwrites``; on the GPT-2 benchmark the 128 MiB loss gradient
-over the saved log-softmax). Inductor does that only to a saved value AOTAutograd
-donates: one listed in ``fw_metadata.bw_donated_idxs``, which AOTAutograd fills after
-partitioning when ``torch._functorch.config.donated_buffer`` is on, and leaves empty in
-other cases (a metadata mutation in either graph, a backward that may run twice). The
-capture reads the flag; this checks the list itself when the backward compiles, where
-Inductor reads it, so a lost donation is said, not found later in a measured peak. On an
-H100 with torch 2.11 rematc's backward of the GPT-2 benchmark took no saved value over
-and every plan measured 113 MiB above its prediction, with nothing to say why.
+value that dies in it (``Node.overwrites``; the loss gradient over the saved log-softmax).
+Inductor does that only to a saved value AOTAutograd donates: one listed in
+``fw_metadata.bw_donated_idxs``, which AOTAutograd fills after partitioning when
+``torch._functorch.config.donated_buffer`` is on, and leaves empty in other cases (a
+metadata mutation in either graph, a backward that may run twice). The capture reads the
+flag; this checks the list itself when the backward compiles, where Inductor reads it, so
+a lost donation is said, not found later in a measured peak. See docs/reliability.md,
+"Donated buffers", and docs/inductor-memory.md, item 1.
 """
 
 from __future__ import annotations

@@ -56,34 +56,11 @@ class MeasurementSetupError(RuntimeError):
 
 
 def profiler_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
-    """Peak bytes allocated on ``device`` during ``step()``, above the pre-step live set.
-
-    Runs ``step`` once under ``torch.profiler`` with ``profile_memory=True``. Every
-    allocation and free through the c10 allocator of a profiled device is recorded as a
-    ``[memory]`` event with a signed byte count (negative for frees). Sorting those
-    events by start time and keeping a running sum gives the bytes live among those
-    allocated during the step; the maximum of that sum (and 0) is returned.
-
-    The profiler does not report frees of memory allocated before profiling started
-    (c10 warns "Memory block of unknown size was allocated before the profiling
-    started"). So if the step frees pre-existing tensors, for example
-    ``zero_grad(set_to_none=True)`` inside the step, the result is not reduced by
-    them: it overstates the peak above the pre-step live set by up to those bytes.
-
-    Why this method:
-
-    * It sees every allocation, including buffers allocated inside Inductor-generated
-      code, so compiled and eager steps are measured the same way.
-    * It counts tensor bytes exactly, independent of how malloc manages the heap.
-    * Trackers built on ``TorchDispatchMode`` (such as ``MemTracker``) are exact for
-      eager code but measure the wrong thing under ``torch.compile``: Dynamo does not
-      compile a frame while a dispatch mode is active, so the *eager* model runs and is
-      measured instead.
-
-    It relies on ``prof.profiler.kineto_results``, which is not public API; the public
-    ``FunctionEvent`` view rounds timestamps to microseconds, which can reorder an
-    allocation and a free that happen close together.
-    """
+    """Peak bytes allocated on ``device`` during ``step()``, above the pre-step live set:
+    the maximum (and 0) of the running sum of the profiler's ``[memory]`` events. Frees of
+    memory allocated before the step are not seen, so they do not lower the result.
+    Raises :class:`MeasurementSetupError` when the profiler returns no results. See
+    docs/memory-model.md, "Measuring peak memory on CPU"."""
     dev = torch.device(device)
     device_type = dev.type.upper()
     activities = [ProfilerActivity.CPU]
@@ -140,23 +117,11 @@ def _check_mmap_threshold(*, strict: bool) -> None:
 
 
 def rss_peak(step: Step, *, strict: bool = True) -> int:
-    """Growth of the process's peak resident set during ``step()``, in bytes.
-
-    Resets the kernel's high-water mark ``VmHWM`` to the current RSS by writing ``5``
-    to ``/proc/self/clear_refs``, reads ``VmRSS``, runs ``step``, and returns
-    ``VmHWM`` minus that ``VmRSS``. Linux only.
-
-    The number approximates peak live tensor bytes only if freed tensors leave the
-    resident set, which glibc does not do by default: it keeps freed heap memory for
-    reuse. Start the process with ``MALLOC_MMAP_THRESHOLD_=65536`` so that every
-    allocation of 64 KiB or more is its own mmap, returned to the kernel on free. Then
-    this agrees with ``profiler_peak`` to within a few MiB; the difference is small
-    allocations, page granularity and non-tensor memory. The mmap/munmap per tensor
-    makes steps slower, so time steps in a separate process without the variable.
-
-    Raises ``MeasurementSetupError`` if the variable is missing or larger than 65536
-    (with ``strict=False``, warns instead), or off Linux.
-    """
+    """Growth of the process's peak resident set (``VmHWM``) during ``step()``, in bytes:
+    live tensor bytes only in a process started with ``MALLOC_MMAP_THRESHOLD_=65536``.
+    Raises :class:`MeasurementSetupError` off Linux or where ``VmHWM`` cannot be reset, and
+    where that variable is missing or larger (``strict=False``: warns instead). See
+    docs/memory-model.md, "Measuring peak memory on CPU"."""
     if not sys.platform.startswith("linux"):
         raise MeasurementSetupError(
             f"rss_peak: needs Linux /proc (VmHWM, clear_refs); this is {sys.platform}. "

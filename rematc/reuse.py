@@ -5,28 +5,20 @@ can take it over (``config.allow_buffer_reuse``): the buffer stays allocated fro
 read to that allocation. Inductor allows it when its own peak estimate for the graph says
 the held bytes stay under the graph's estimated peak. That estimate is of the one graph,
 not of the step the plan was made for, and on a plan tuned to its budget the held
-buffers break it: the 6-layer GPT-2 with explicit attention, planned at 485 MiB, measured
-639 MiB with Inductor's rule (three dead MLP-sized buffers held through the last layer's
-attention backward) and 460 MiB with no pool.
-
-Without the pool every large buffer is a fresh ``mmap`` from glibc whose pages fault in on
-first write (the Llama benchmark at 80%: 9.69 s a step, 8.50 s with the pool). Reuse by
-the very next kernel only (nothing is allocated between the free and the reuse) recovers
-most of that on the transformers, but not on a CNN: the U-Net's no-budget plan took
-4.41 s a step under an 80% budget with that rule against 3.76-3.80 s with Inductor's whole
-pool, at the same measured peak.
+buffers can take the step above the plan. Without the pool every large buffer is a fresh
+``mmap`` from glibc whose pages fault in on first write, which slows the step on the CPU;
+reuse by the very next kernel only recovers that on the transformers, not on a CNN.
 
 The rule here: a freed buffer may be taken over by a later allocation when the plan's own
 timeline (:func:`solvers.checker.check`, the bytes live at each step of the joint graph)
 plus the buffers already held over the same steps leaves room for it below the plan's
 peak less a margin (``MARGIN``) at every step it would be held over, and Inductor's own
 rule agrees; taken over, its bytes are added there. The cap is the plan's peak, not the
-budget: the step then peaks where the plan said it would (the U-Net's no-budget plan
-under an 80% budget, capped at the budget, measured 32 MiB above its prediction, still
-under the budget), and a plan chosen for its least peak keeps it. A kernel sits at the
-plan steps of the FX nodes that made its buffers (their names are the plan's: the
-emitted graphs keep the joint graph's names, a recomputed node's name included). Reuse by
-the next kernel, and of communication buffers, is allowed as Inductor allows it.
+budget, so the step peaks where the plan said it would and a plan chosen for its least
+peak keeps it. A kernel sits at the plan steps of the FX nodes that made its buffers
+(their names are the plan's: the emitted graphs keep the joint graph's names, a
+recomputed node's name included). Reuse by the next kernel, and of communication buffers,
+is allowed as Inductor allows it. Measurements: docs/inductor-memory.md, item 6.
 """
 
 from __future__ import annotations
@@ -41,10 +33,8 @@ from rematc._torch_compat import warn_fallback
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
-# A dead buffer is held only below this share of the plan's peak under it. The timeline is
-# the model's, exact at the peak but not at every step: the small Llama at 45% measured
-# 5.5% above its plan with no margin (a 16 KiB buffer held where the model had 9 KiB to
-# spare).
+# A dead buffer is held only below this share of the plan's peak under it: the timeline is
+# the model's, exact at the peak but not at every step (docs/inductor-memory.md, item 6).
 MARGIN = 0.10
 
 
@@ -185,8 +175,8 @@ def planned_reuse(inner_compile: Callable[..., Any], room: Callable[[], Room | N
     line = allocate_line()
     if line is None:
         warn_fallback("this torch's Inductor decides buffer reuse where rematc cannot restrict it, "
-                      "so under a budget its buffer pool is off: the plan's peak holds, the step may be "
-                      "slower (the Llama benchmark on the CPU: 9.69 s a step against 8.50 s)")
+                      "so under a budget its buffer pool is off: the plan's peak holds, but every buffer "
+                      "is allocated anew and the step may be slower")
         return inner_compile
     inductor_rule = _dispatching(line)
 

@@ -145,9 +145,8 @@ TRANSFER_CHOICES = 6  # steps an offloaded value's copy may run beside, each way
 SEED_SHARE = 0.2  # of the time limit, at most, for the greedy plan that seeds the search
 PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when the greedy's does not fit
 # From this many decisions the flat model no longer improves on the chain model's plan in
-# a minute (Llama-2-7B's 1,456: its 60 s with the chain's plan as a start ended dearer
-# than the chain model given the whole minute, 9.0 ms against 6.3 at 70%), so the chain
-# model gets all the time and the flat search does not run.
+# a minute, so the chain model gets all the time and the flat search does not run
+# (docs/solvers.md, the chain model).
 CHAIN_ONLY_CANDIDATES = 1000
 KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
 CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) that may seed it instead
@@ -603,19 +602,11 @@ def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpS
 
 
 def seed(problem: Problem, config: SolverConfig) -> Plan | None:
-    """A plan to start the search from: within budget, or the least-peak plan found when
-    none within budget was found in time, or None.
-
-    The greedy's, when it fits. The greedy may take a fifth of the time: on thousands of
-    candidates its checker replays add up to seconds, and CP-SAT improves on a plan faster
-    than the greedy does. When it does not fit (budgets near the least feasible peak),
-    the first plan within budget that the minimum-peak model finds, in up to half the
-    time: there the cost objective gives CP-SAT no lead towards any plan, while the peak
-    objective does (the 6-layer GPT-2 with explicit attention at 24% of its unconstrained
-    peak: no plan in 60 s from the cost model alone, one within 8 s from the peak model).
-    Raises :class:`InfeasibleBudgetError` when that search proves the least peak over
-    the budget.
-    """
+    """A plan to start the search from: the cheapest within budget of the greedy's (given
+    ``SEED_SHARE`` of the time) and :func:`known_plans`; else the minimum-peak model's
+    first plan within budget (``PEAK_SEED_SHARE``), or the least-peak plan it found; or
+    None. Raises :class:`InfeasibleBudgetError` when that search proves the least peak
+    over the budget. See docs/solvers.md, "solvers.solve"."""
     return seeded(problem, config)[0]
 
 

@@ -26,10 +26,8 @@ MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
 def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     s = cp_model.CpSolver()
     limit(s, config, config.time_limit)
-    # CP-SAT's portfolio needs about 8 workers to include its LP-heavy and LNS workers;
-    # with 2 it runs only the default one, whose LP bound on the transformer graphs stays
-    # near 0 (32 layers at 30%: 0.6 ms against 81.5 ms with 8). On fewer cores the
-    # workers share them.
+    # CP-SAT's portfolio needs about 8 workers to include its LP-heavy and LNS workers; on
+    # fewer cores the workers share them (docs/solvers.md, "Workers").
     s.parameters.num_workers = config.workers or PORTFOLIO_WORKERS
     s.parameters.random_seed = config.seed
     s.parameters.relative_gap_limit = config.relative_gap

@@ -90,17 +90,10 @@ def read_steps(problem: Problem, plan: Plan) -> list[set[int]]:
 def repair(problem: Problem, steps: list[Step], rng: random.Random | None = None,
            noise: float = 0.0, meter: Meter | None = None) -> tuple[list[Step], Report]:
     """Add recomputations to ``steps`` until the plan fits or no candidate lowers the peak;
-    the last plan and its report, within budget or not.
-
-    A value computed before the peak step k and next read after it is freed over k by a
-    recomputation before that read, unless the recomputation's inputs were dead at k:
-    reading them later keeps them alive over k. The bytes freed are the value's size less
-    those inputs'. A candidate is the value alone, or with the dead inputs that can be
-    recomputed just before it (:func:`chained`), which then free bytes, not revive them.
-    That estimate ignores the new copy's own bytes at its step and the inputs it keeps
-    alive elsewhere, so candidates are replayed on the checker in order of seconds per
-    byte freed, and the first that lowers the peak (or the bytes at k) is taken.
-    ``noise`` scales each candidate's rank by a random factor in [1, 1 + noise)."""
+    return the last plan's steps and its report, within budget or not. Candidates are
+    replayed on the checker in order of seconds per byte freed at the peak step, each rank
+    scaled by a random factor in [1, 1 + ``noise``); the first that lowers the peak is
+    taken. See docs/solvers.md, "The search on single-phase problems"."""
     p = problem
     judge = (meter or Meter(p)).check
     budget = p.budget if p.budget is not None else sum(n.size for n in p.nodes)
