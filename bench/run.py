@@ -328,6 +328,7 @@ def machine_info(argv: Sequence[str], module: str = "bench.run") -> dict[str, An
         commit, dirty = None, None
     import torch
 
+    versions["torch"] = torch.__version__  # with its build (+cpu, +cu130), which the package's metadata omits
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu, "cores": os.cpu_count(),
