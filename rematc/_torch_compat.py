@@ -4,9 +4,8 @@ The other modules import these names from here, never from torch's private modul
 that a torch release that moves or changes one breaks here, at import, with the version
 gate beside it. Names every supported torch spells the same are plain re-exports; the
 functions below them are the version gates. Inductor internals read only while a compile
-runs (its scheduler, wrapper codegen and graph lowering) are imported where they are used,
-by the modules that patch Inductor (``fusion``, ``reuse``) and the capture's
-layout rules.
+runs (its scheduler, wrapper codegen, graph lowering and ``compile_fx``) cost seconds to
+import, so functions here import them at first use.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +21,7 @@ import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import BackendCompilerFailed
 from torch._functorch import partitioners as _partitioners
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.compile_utils import fx_graph_cse, raise_getitems
@@ -42,6 +42,7 @@ from torch._functorch.partitioners import (
 from torch._guards import CompileContext, TracingContext, detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torch._inductor.utils import is_gpu, is_pointwise_use
+from torch._ops import OpOverload
 from torch._prims_common import is_expandable_to, make_channels_last_strides_for
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import symbolic_shapes as _symbolic_shapes
@@ -52,10 +53,12 @@ from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
 
 __all__ = [
     "TORCH",
+    "BackendCompilerFailed",
     "CompileContext",
     "CustomPartitionerFn",
     "FakeTensorMode",
     "InductorFallbackWarning",
+    "OpOverload",
     "ShapeEnv",
     "StorageWeakRef",
     "TracingContext",
@@ -72,6 +75,15 @@ __all__ = [
     "fx_graph_cse",
     "get_hash_for_files",
     "has_ao_offload",
+    "inductor_allocate_line",
+    "inductor_choices",
+    "inductor_compile_fx",
+    "inductor_config",
+    "inductor_decompositions",
+    "inductor_extern_kernels",
+    "inductor_graph_lowering",
+    "inductor_partition_fn",
+    "inductor_scheduler_types",
     "inductor_thresholds",
     "is_bwd_seed_offset",
     "is_expandable_to",
@@ -186,3 +198,82 @@ class InductorFallbackWarning(UserWarning):
 def warn_fallback(what: str) -> None:
     """Warn once per process that rematc falls back where ``what`` says."""
     warnings.warn(f"rematc: {what}", InductorFallbackWarning, stacklevel=3)
+
+
+# ---- Inductor internals read while a compile runs (imported at first use) ----------------
+
+
+def inductor_compile_fx() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Inductor's ``compile_fx`` and ``compile_fx_inner``."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    return compile_fx, compile_fx_inner
+
+
+def inductor_partition_fn() -> Callable[..., Any]:
+    """The partition function ``compile_fx`` hands AOTAutograd."""
+    from torch._inductor.compile_fx import partition_fn
+
+    return partition_fn
+
+
+def inductor_decompositions() -> dict[Any, Any]:
+    """The decompositions Inductor traces the joint graph with."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+def inductor_graph_lowering() -> Any:
+    """Inductor's ``GraphLowering`` class (its ``decide_layout_opt``)."""
+    from torch._inductor.graph import GraphLowering
+
+    return GraphLowering
+
+
+def inductor_extern_kernels() -> Any:
+    """The namespace generated code calls extern kernels through."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    return extern_kernels
+
+
+def inductor_virtualized() -> Any:
+    """Inductor's virtualized globals ``V`` (``V.graph``, ``V.choices``)."""
+    from torch._inductor.virtualized import V
+
+    return V
+
+
+def inductor_choices() -> Any | None:
+    """``V`` where this torch lets a compile swap Inductor's choices handler
+    (``V.set_choices_handler``), else None."""
+    try:
+        v = inductor_virtualized()
+    except ImportError:
+        return None
+    return v if callable(getattr(v, "set_choices_handler", None)) else None
+
+
+def inductor_scheduler_types() -> tuple[Any, Any | None]:
+    """The scheduler's ``ExternKernelSchedulerNode`` and ``WhyNoFuse`` (None where this
+    torch has no fusion log)."""
+    from torch._inductor.scheduler import ExternKernelSchedulerNode
+
+    try:
+        from torch._inductor.scheduler import WhyNoFuse
+    except ImportError:
+        return ExternKernelSchedulerNode, None
+    return ExternKernelSchedulerNode, WhyNoFuse
+
+
+def inductor_allocate_line() -> Any | None:
+    """Inductor's ``AllocateLine`` where it decides buffer reuse in ``should_reuse_buffer``
+    with the fields :mod:`rematc.reuse` reads, else None."""
+    try:
+        from torch._inductor.codegen.wrapper import AllocateLine
+    except ImportError:
+        return None
+    rule = getattr(AllocateLine, "should_reuse_buffer", None)
+    fields = getattr(AllocateLine, "__dataclass_fields__", {})
+    return AllocateLine if callable(rule) and "comm_buffer" in fields else None

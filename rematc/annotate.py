@@ -30,7 +30,9 @@ import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
 from rematc._torch_compat import (
+    OpOverload,
     StorageWeakRef,
+    inductor_graph_lowering,
     make_channels_last_strides_for,
     optimization_hint,
     tree_leaves,
@@ -90,26 +92,24 @@ def channels_last_convolutions(gm: fx.GraphModule) -> bool:
     """Inductor's layout optimization is on for this graph: its convolutions read and
     write channels-last tensors (``GraphLowering.decide_layout_opt``; always on for CPU
     convolutions with oneDNN)."""
-    from torch._inductor.graph import GraphLowering
-
     convolutions = (_aten.convolution.default, _aten.convolution_backward.default)
     if not any(gm.graph.find_nodes(op="call_function", target=t) for t in convolutions):
         return False
-    return bool(GraphLowering.decide_layout_opt(gm, is_inference=False))
+    return bool(inductor_graph_lowering().decide_layout_opt(gm, is_inference=False))
 
 
 def is_random(node: fx.Node) -> bool:
     """Random ops: tagged ``nondeterministic_seeded``, plus Inductor's seeded random prims,
     which ``replace_random`` introduces and which carry no tag."""
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         if torch.Tag.nondeterministic_seeded in target.tags:
             return not _no_dropout(node, target)
         return is_seeded(node) or target.name().startswith("prims::inductor_seed")
     return False
 
 
-def _no_dropout(node: fx.Node, target: torch._ops.OpOverload) -> bool:
+def _no_dropout(node: fx.Node, target: OpOverload) -> bool:
     """An op tagged random only for its ``dropout_p`` argument (the attention kernels),
     called with ``dropout_p`` 0: it draws nothing, so recomputing it gives the same
     result. (Without this every attention output of a model without attention dropout
@@ -131,7 +131,7 @@ def is_seeded(node: fx.Node) -> bool:
     they draw the same numbers, so unlike ``inductor_seeds`` (which draws the seeds from
     the global generator) they may be recomputed: the seed is saved, not the mask."""
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.name() in (
+    return isinstance(target, OpOverload) and target.name() in (
         "prims::inductor_random", "prims::inductor_randint"
     )
 
@@ -173,7 +173,7 @@ def _cost(
     if node.op == "call_function" and not is_view and node.target is not operator.getitem:
         time = device.op_time(flops=flops, bytes_moved=moved, itemsize=itemsize, transcendentals=exps,
                               attention=is_attention(node))
-    pointwise = isinstance(node.target, torch._ops.OpOverload) and (
+    pointwise = isinstance(node.target, OpOverload) and (
         torch.Tag.pointwise in node.target.tags
     )
     return NodeCost(

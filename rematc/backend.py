@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 
-from rematc._torch_compat import TORCH, aot_autograd, functorch_config
+from rematc._torch_compat import TORCH, aot_autograd, functorch_config, inductor_compile_fx
 from rematc.devices import DeviceProfile
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
@@ -105,8 +105,7 @@ class Backend:
 
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
                           partitioner: RematPartitioner) -> Callable[..., Any]:
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
+        compile_fx, compile_fx_inner = inductor_compile_fx()
         check_release(TORCH)
         inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
                                    partitioner.lost_donations)

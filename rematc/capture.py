@@ -37,10 +37,12 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from rematc._torch_compat import (
+    OpOverload,
     StorageWeakRef,
     classify_nodes,
     extract_fwd_bwd_outputs,
     functorch_config,
+    inductor_graph_lowering,
     inductor_thresholds,
     is_bwd_seed_offset,
     is_expandable_to,
@@ -517,9 +519,7 @@ def layout_copies(joint: fx.GraphModule, forward: frozenset[fx.Node]) -> dict[fx
     images, a weight) is copied, and the backward's convolution gradient reads the
     forward's copy, which the forward saves. So the copy lives from the input's first
     convolution to its last reader, where the input itself costs nothing."""
-    from torch._inductor.graph import GraphLowering
-
-    if not GraphLowering.decide_layout_opt(joint, is_inference=False):
+    if not inductor_graph_lowering().decide_layout_opt(joint, is_inference=False):
         return {}
     out: dict[fx.Node, int] = {}
     for n in joint.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default):
@@ -767,7 +767,7 @@ def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collecti
         return False
     if costs[u].is_pointwise:
         return True
-    return isinstance(u.target, torch._ops.OpOverload) and (
+    return isinstance(u.target, OpOverload) and (
         torch.Tag.reduction in u.target.tags or u.target._opname in INDEXED_LOADS | COPYING_SCATTERS)
 
 
@@ -848,7 +848,7 @@ def _inlinable(group: Sequence[fx.Node], costs: dict[fx.Node, NodeCost], kept: s
         return False
     head = group[0]
     return not (costs[head].device == "cpu" and any(
-        isinstance(n.target, torch._ops.OpOverload) and n.target._opname in HEAVY_OPS for n in group))
+        isinstance(n.target, OpOverload) and n.target._opname in HEAVY_OPS for n in group))
 
 
 def addmm_pairs(joint: fx.GraphModule) -> dict[fx.Node, fx.Node]:
@@ -957,12 +957,12 @@ def _small(kernel: Sequence[fx.Node], inside: set[int], value_of: dict[fx.Node, 
 
 
 def _is_factory(n: fx.Node) -> bool:
-    return (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+    return (n.op == "call_function" and isinstance(n.target, OpOverload)
             and n.target._opname in FACTORY_OPS and not n.all_input_nodes)
 
 
 def _inline_view(n: fx.Node) -> bool:
-    return isinstance(n.target, torch._ops.OpOverload) and n.target._opname in INLINE_VIEWS
+    return isinstance(n.target, OpOverload) and n.target._opname in INLINE_VIEWS
 
 
 def deferred_to_reader(c: Capture, order: Sequence[fx.Node]) -> dict[fx.Node, fx.Node]:
@@ -1102,7 +1102,7 @@ def _offloadable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
 
 
 def _mutates(n: fx.Node) -> bool:
-    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and (
+    return n.op == "call_function" and isinstance(n.target, OpOverload) and (
         n.target._schema.is_mutable
     )
 
@@ -1111,6 +1111,6 @@ def _op_name(n: fx.Node) -> str:
     if n.op == "placeholder":
         return "input"
     target = n.target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return f"{target.namespace}.{target._opname}"
     return getattr(target, "__name__", str(target))

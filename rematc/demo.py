@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import rematc
+from rematc._torch_compat import BackendCompilerFailed
 from rematc.errors import NoPlanError
 from rematc.memory import profiler_peak
 from rematc.models import GPTConfig, make_gpt
@@ -54,7 +55,7 @@ def run_config(label: str, make_compiled: Callable[[torch.nn.Module], Any], *, s
     def step() -> torch.Tensor:
         try:
             loss = compiled(*inputs)
-        except torch._dynamo.exc.BackendCompilerFailed as e:
+        except BackendCompilerFailed as e:
             # No plan fits the budget: rematc's answer, not a failure of the compile, and
             # the command line says it in one line (exit status 1).
             inner = e.inner_exception

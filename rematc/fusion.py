@@ -41,7 +41,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from rematc._torch_compat import warn_fallback
+from rematc._torch_compat import inductor_choices, inductor_scheduler_types, warn_fallback
 
 
 class KeepPlanOrder:
@@ -75,9 +75,8 @@ class KeepPlanOrder:
         """Where the scheduler's extern kernels were in the lowered order, sorted. Extern
         kernels never fuse, so they are the same for the whole fusion pass."""
         if self._externs is None or self._externs[0] is not scheduler:
-            from torch._inductor.scheduler import ExternKernelSchedulerNode
-
-            positions = sorted(n.min_order for n in scheduler.nodes if isinstance(n, ExternKernelSchedulerNode))
+            extern_node, _ = inductor_scheduler_types()
+            positions = sorted(n.min_order for n in scheduler.nodes if isinstance(n, extern_node))
             self._externs = (scheduler, positions)
         return self._externs[1]
 
@@ -93,11 +92,9 @@ def spans(positions: list[int], node1: Any, node2: Any) -> bool:
 
 def _why_not(node1: Any, node2: Any) -> None:
     """Say so in Inductor's fusion log (``TORCH_LOGS=fusion``), as its own rules do."""
-    try:
-        from torch._inductor.scheduler import WhyNoFuse
-    except ImportError:
-        return
-    WhyNoFuse(node1, node2)("rematc: an extern kernel runs between them in the plan's order")
+    _, why_no_fuse = inductor_scheduler_types()
+    if why_no_fuse is not None:
+        why_no_fuse(node1, node2)("rematc: an extern kernel runs between them in the plan's order")
 
 
 def keep_plan_order(inner_compile: Callable[..., Any], *, when: Callable[[], bool] = lambda: True
@@ -105,11 +102,8 @@ def keep_plan_order(inner_compile: Callable[..., Any], *, when: Callable[[], boo
     """``inner_compile`` with :class:`KeepPlanOrder` as Inductor's choices handler for
     the duration of each call where ``when()`` holds at that call (the backward compiles
     later, through this same ``inner_compile``)."""
-    try:
-        from torch._inductor.virtualized import V
-    except ImportError:
-        V = None  # type: ignore[assignment]
-    if not callable(getattr(V, "set_choices_handler", None)):
+    V = inductor_choices()
+    if V is None:
         warn_fallback("this torch's Inductor has no choices handler, so fusions across an extern "
                       "kernel are not refused: the step may peak above the plan (the check after "
                       "compilation re-plans where its code does)")

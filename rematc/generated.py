@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from rematc._torch_compat import FakeTensorMode, optimization_hint
+from rematc._torch_compat import FakeTensorMode, inductor_extern_kernels, optimization_hint
 
 __all__ = ["CodePeak", "Generated", "GeneratedCodeWarning", "recording_peaks", "step_peak"]
 
@@ -143,8 +143,7 @@ def _empty_on(device: str) -> Any:
 def _namespace() -> dict[str, Any]:
     """The generated module's names that allocate or alias: kernel launches are absent, so
     a statement that calls one fails to evaluate and is skipped."""
-    from torch._inductor.select_algorithm import extern_kernels
-
+    extern_kernels = inductor_extern_kernels()
     return {
         "__builtins__": {"None": None, "True": True, "False": False, "int": int, "float": float,
                          "max": max, "min": min, "len": len},

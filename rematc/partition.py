@@ -31,6 +31,7 @@ from rematc import plancache
 from rematc._torch_compat import (
     CompileContext,
     CustomPartitionerFn,
+    OpOverload,
     ShapeEnv,
     force_save_bw_mutation_src,
     force_save_collectives,
@@ -676,7 +677,7 @@ def warn_fallback_costs(costs: dict[fx.Node, NodeCost], gm: fx.GraphModule) -> N
     they are costed by the bytes they move, which may underrate a compute-heavy op."""
     for node, cost in costs.items():
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace in _KNOWN_NAMESPACES:
+        if not isinstance(target, OpOverload) or target.namespace in _KNOWN_NAMESPACES:
             continue
         name = str(target)
         if name not in _FALLBACK_LOGGED and cost.flops_source.startswith("none"):

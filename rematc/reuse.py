@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rematc._torch_compat import warn_fallback
+from rematc._torch_compat import inductor_allocate_line, inductor_virtualized, warn_fallback
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -116,9 +116,7 @@ def holds_nothing(alloc: Any, free_line: Any) -> bool:
 
 def current_scheduler() -> Any:
     """The scheduler of the graph Inductor is generating code for."""
-    from torch._inductor.virtualized import V
-
-    return V.graph.scheduler
+    return inductor_virtualized().graph.scheduler
 
 
 @dataclass
@@ -214,10 +212,4 @@ def _dispatching(line: Any) -> Callable[[Any, Any, int], bool]:
 
 def allocate_line() -> Any:
     """Inductor's ``AllocateLine`` when it decides reuse as this module expects, else None."""
-    try:
-        from torch._inductor.codegen.wrapper import AllocateLine
-    except ImportError:
-        return None
-    rule = getattr(AllocateLine, "should_reuse_buffer", None)
-    fields = getattr(AllocateLine, "__dataclass_fields__", {})
-    return AllocateLine if callable(rule) and "comm_buffer" in fields else None
+    return inductor_allocate_line()

@@ -37,6 +37,9 @@ from torch import nn
 from rematc._torch_compat import (
     CustomPartitionerFn,
     aot_autograd,
+    inductor_config,
+    inductor_decompositions,
+    inductor_partition_fn,
     make_boxed_func,
     tree_leaves,
     tree_map,
@@ -139,13 +142,9 @@ def _backend(spy: _Capture, target: str) -> Iterator[Any]:
         yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=spy,
                            keep_inference_input_mutations=True)
         return
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import partition_fn as inductor_partition_fn
-    from torch._inductor.decomposition import select_decomp_table
-
     with inductor_config.patch(custom_partitioner_fn=spy):
-        yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=inductor_partition_fn,
-                           decompositions=select_decomp_table())
+        yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=inductor_partition_fn(),
+                           decompositions=inductor_decompositions())
 
 
 # ---- model sources ------------------------------------------------------------------
