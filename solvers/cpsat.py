@@ -835,7 +835,8 @@ def hint(model: Model, plan: Plan) -> None:
                 model.cp.add_hint(model.T[v], last.get(v) == w)
             else:  # read last by w's recomputation (no backward op reads v), alone at its step
                 alone = all(last.get(r, -1) < anchor.get(w, -1) for r in p.forward_users[v]
-                            if r != w and not p.nodes[r].stores(Copy.RECOMPUTED) and plan.decisions.get(r) is Decision.RECOMPUTE)
+                            if r != w and not p.nodes[r].stores(Copy.RECOMPUTED)
+                            and plan.decisions.get(r) is Decision.RECOMPUTE)
                 model.cp.add_hint(model.T[v], plan.decisions.get(w) is Decision.RECOMPUTE
                                   and last.get(v) == anchor.get(w) and alone)
 

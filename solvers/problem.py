@@ -160,8 +160,8 @@ class Problem:
     def single_phase(self) -> bool:
         """No backward values: a graph without a forward/backward split (Checkmate's and
         Moccasin's random benchmark graphs). Any value may then be recomputed before any
-        later step, as often as pays (:mod:`solvers.singlephase.anywhere`), rather than once in the
-        backward."""
+        later step, as often as pays (:mod:`solvers.singlephase.anywhere`), rather than
+        once in the backward."""
         return bool(self.nodes) and self.n_forward == len(self.nodes)
 
     @cached_property
