@@ -19,8 +19,8 @@ The joint graph holds the forward and the backward of one training step. Here we
    ``Node.overwrites``) where Inductor computes a value inside its readers or writes a
    kernel's output over a dying input.
 
-:func:`capture` runs these as stages over one :class:`Capture`; what each Inductor rule
-does, with its measurements, is ``rematc.inductor_rules`` and docs/inductor-memory.md.
+:func:`capture` runs these as stages over one :class:`CaptureContext`; what each Inductor
+rule does, with its measurements, is ``rematc.inductor_rules`` and docs/inductor-memory.md.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Captured:
 
 
 @dataclass
-class Capture:
+class CaptureContext:
     """What the capture knows of one joint graph: set up by :func:`capture`, filled in by
     its stages in order, and read by the helpers instead of long argument lists."""
 
@@ -137,7 +137,7 @@ def capture(
 
 
 def _start(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], num_fwd_outputs: int,
-           static_lifetime_input_indices: Sequence[int], inductor: bool) -> Capture:
+           static_lifetime_input_indices: Sequence[int], inductor: bool) -> CaptureContext:
     """The forward split as PyTorch's partitioners split it, and the step's outputs."""
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     nodes: list[fx.Node] = [n for n in joint.graph.nodes if n.op != "output"]
@@ -145,10 +145,10 @@ def _start(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], num_fwd_output
     # An element of a forward multi-output op is forward too, even when only the backward
     # reads it: the tuple itself cannot cross into the backward, its elements can.
     fwd |= {n for n in nodes if n.target is operator.getitem and n.args[0] in fwd}
-    return Capture(joint, costs, nodes, frozenset(fwd), step_outputs(joint, num_fwd_outputs), inductor)
+    return CaptureContext(joint, costs, nodes, frozenset(fwd), step_outputs(joint, num_fwd_outputs), inductor)
 
 
-def _split_storages(c: Capture) -> None:
+def _split_storages(c: CaptureContext) -> None:
     """Each node's storage owner, with the elements of multi-output ops that are values of
     their own (:func:`split_elements`)."""
     by_name = {n.name: n for n in c.nodes}
@@ -167,7 +167,7 @@ def _split_storages(c: Capture) -> None:
     c.elements = split_elements(c, whole=scratch, save_only=save_only)
 
 
-def _step_order(c: Capture) -> list[fx.Node]:
+def _step_order(c: CaptureContext) -> list[fx.Node]:
     """The nodes in the order the emitted graphs run them: the forward with Inductor's
     layout copies just in time, the backward in autograd's order, handed-over elements
     right after their op, and (Inductor) deferred values right before their reader."""
@@ -181,7 +181,7 @@ def _step_order(c: Capture) -> list[fx.Node]:
     return order
 
 
-def _group_values(c: Capture, order: list[fx.Node]) -> None:
+def _group_values(c: CaptureContext, order: list[fx.Node]) -> None:
     """One value per storage, in step order; under Inductor, the values a reader's kernel
     computes folded into the reader's (:func:`fused_groups`)."""
     owners = [n for n in order if c.owner.get(n) is n]
@@ -198,7 +198,7 @@ def _group_values(c: Capture, order: list[fx.Node]) -> None:
         c.value_of = {n: i for i, group in enumerate(c.groups) for n in group}
 
 
-def _read_values(c: Capture) -> None:
+def _read_values(c: CaptureContext) -> None:
     """The values each value reads, looking through nodes without a storage."""
     memo: dict[fx.Node, frozenset[int]] = {}
 
@@ -222,7 +222,7 @@ def _read_values(c: Capture) -> None:
             c.deps[i] = c.deps[i] | {d for d in value_deps(c.deferred[g[0]]) if c.groups[d][0] in c.forward}
 
 
-def _computed_in_readers(c: Capture) -> None:
+def _computed_in_readers(c: CaptureContext) -> None:
     """The values Inductor computes inside each reader (:func:`inline_values`), and those
     the backward emits once per reader (:func:`per_reader_values`)."""
     c.in_readers = inline_values(c)
@@ -230,7 +230,7 @@ def _computed_in_readers(c: Capture) -> None:
     c.in_readers |= set(c.per_reader)
 
 
-def _problem(c: Capture, host_bandwidth: float, name: str) -> Problem:
+def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
     """One :class:`Node` per value: its bytes, the time it takes, what it reads."""
     unstored = c.unstored_backward
     stale = reads_mutated_input(c.nodes, c.forward, c.costs)
@@ -271,7 +271,7 @@ def _problem(c: Capture, host_bandwidth: float, name: str) -> Problem:
     return Problem(nodes=tuple(out), host_bandwidth=host_bandwidth, name=name)
 
 
-def _inductor_effects(c: Capture, problem: Problem) -> Problem:
+def _inductor_effects(c: CaptureContext, problem: Problem) -> Problem:
     """``problem`` with the effects that depend on the values' readers: kernels that
     compute a value inside their own (:func:`with_one_reader_kernels`) and outputs written
     over a dying input (:func:`with_inplace_reuse`)."""
@@ -413,7 +413,7 @@ def copy_constants_to_backward(joint: fx.GraphModule, costs: dict[fx.Node, NodeC
     return copies
 
 
-def with_one_reader_kernels(c: Capture, problem: Problem) -> Problem:
+def with_one_reader_kernels(c: CaptureContext, problem: Problem) -> Problem:
     """``problem`` with the forward copy unstored of each value one forward kernel can compute
     (stored only when saved), and the recomputed copy unstored of each value with one
     backward reader that can compute it, where no forward reader of it is recomputed too
@@ -459,7 +459,7 @@ def _input_bytes(v: fx.Node, costs: dict[fx.Node, NodeCost], by_name: dict[str, 
     return sum(costs[o].nbytes for o in owners if o.op != "placeholder" and o in costs)
 
 
-def with_inplace_reuse(c: Capture, problem: Problem, *, donated: bool = True) -> Problem:
+def with_inplace_reuse(c: CaptureContext, problem: Problem, *, donated: bool = True) -> Problem:
     """``problem`` with ``Node.overwrites`` set where Inductor writes an elementwise kernel's
     output over a same-sized input that dies in it (read directly, or through a backward
     value stored nowhere), the first by :func:`_reuse_preference`; ``overwrites_copies``
@@ -579,7 +579,7 @@ class Elements(NamedTuple):
     statistics: frozenset[fx.Node]  # elements saved for the backward, never recomputed
 
 
-def split_elements(c: Capture, *, whole: Collection[fx.Node] = (), save_only: Collection[fx.Node] = ()
+def split_elements(c: CaptureContext, *, whole: Collection[fx.Node] = (), save_only: Collection[fx.Node] = ()
                    ) -> Elements:
     """Make elements of multi-output ops values of their own: each kept element, every
     element of an op in ``whole`` (handed over right after the op, whose value then lives
@@ -672,7 +672,7 @@ def kernel_limits(groups: Sequence[Sequence[fx.Node]], costs: dict[fx.Node, Node
     return KernelLimits(reads=limits.acc_reads, ops=limits.opcount // LOADER_OPS)
 
 
-def fused_groups(c: Capture, addmm: dict[fx.Node, fx.Node]) -> tuple[list[list[fx.Node]], frozenset[fx.Node]]:
+def fused_groups(c: CaptureContext, addmm: dict[fx.Node, fx.Node]) -> tuple[list[list[fx.Node]], frozenset[fx.Node]]:
     """The values as Inductor stores them, and the FX nodes folded into a reader's value:
     a matmul merged into its add (``addmm``), and a value whose one reader computes it
     (:func:`inline_reader`), folded from the front while the kernel stays within the
@@ -705,7 +705,7 @@ def fused_groups(c: Capture, addmm: dict[fx.Node, fx.Node]) -> tuple[list[list[f
     return [k for k, gone in zip(kernels, folded, strict=True) if not gone], frozenset(inlined)
 
 
-def inline_reader(c: Capture, group: Sequence[fx.Node]) -> fx.Node | None:
+def inline_reader(c: CaptureContext, group: Sequence[fx.Node]) -> fx.Node | None:
     """The one FX node that reads this value, when Inductor inlines the value into it.
 
     Inductor's lowering keeps a pointwise result unrealized and inlines it into the loader
@@ -776,7 +776,7 @@ def _fusible_reader(u: fx.Node, costs: dict[fx.Node, NodeCost], extern: Collecti
 HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 
 
-def inline_values(c: Capture) -> set[int]:
+def inline_values(c: CaptureContext) -> set[int]:
     """The values Inductor computes inside each op that reads them instead of storing them,
     wherever they are computed in the backward: elementwise, every reader able to compute
     them, and not worth storing for several readers (on the CPU no exp, log, sigmoid or
@@ -807,7 +807,7 @@ def inline_values(c: Capture) -> set[int]:
     return out
 
 
-def per_reader_values(c: Capture, inline: Collection[int]) -> dict[int, int]:
+def per_reader_values(c: CaptureContext, inline: Collection[int]) -> dict[int, int]:
     """Forward values whose recomputation the backward emits once per reader, each copy
     computed inside its reader's kernel and never stored: value -> the kernels that
     compute it (:func:`rematc.emit.split_per_reader`). The recomputed values Inductor
@@ -965,7 +965,7 @@ def _inline_view(n: fx.Node) -> bool:
     return isinstance(n.target, OpOverload) and n.target._opname in INLINE_VIEWS
 
 
-def deferred_to_reader(c: Capture, order: Sequence[fx.Node]) -> dict[fx.Node, fx.Node]:
+def deferred_to_reader(c: CaptureContext, order: Sequence[fx.Node]) -> dict[fx.Node, fx.Node]:
     """Backward elementwise values that Inductor computes only when their one reader, an
     extern kernel, is lowered (so after the recomputations placed before that kernel):
     value -> that reader. Rule 8 of docs/inductor-memory.md."""
