@@ -97,13 +97,16 @@ def _why_not(node1: Any, node2: Any) -> None:
         why_no_fuse(node1, node2)("rematc: an extern kernel runs between them in the plan's order")
 
 
-def keep_plan_order(inner_compile: Callable[..., Any], *, when: Callable[[], bool] = lambda: True
+def keep_plan_order(inner_compile: Callable[..., Any], *, when: Callable[[], bool] | None = None
                     ) -> Callable[..., Any]:
     """``inner_compile`` with :class:`KeepPlanOrder` as Inductor's choices handler for
-    the duration of each call where ``when()`` holds at that call (the backward compiles
-    later, through this same ``inner_compile``)."""
+    the duration of each call (where ``when()`` holds at that call, if given; the backward
+    compiles later, through this same ``inner_compile``). On a torch without a choices
+    handler, ``inner_compile`` itself, with one warning unless ``when`` is given."""
     V = inductor_choices()
     if V is None:
+        if when is not None:
+            return inner_compile
         warn_fallback("this torch's Inductor has no choices handler, so fusions across an extern "
                       "kernel are not refused: the step may peak above the plan (the check after "
                       "compilation re-plans where its code does)")
@@ -111,7 +114,7 @@ def keep_plan_order(inner_compile: Callable[..., Any], *, when: Callable[[], boo
 
     @functools.wraps(inner_compile)
     def compile_in_plan_order(*args: Any, **kwargs: Any) -> Any:
-        if not when():
+        if when is not None and not when():
             return inner_compile(*args, **kwargs)
         with V.set_choices_handler(KeepPlanOrder(V.choices)):
             return inner_compile(*args, **kwargs)
