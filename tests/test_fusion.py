@@ -14,7 +14,7 @@ from torch._inductor.virtualized import V
 
 import rematc
 from bench.models import LlamaConfig, make_llama
-from rematc._torch_compat import InductorFallbackWarning, warn_fallback
+from rematc._torch_compat import TORCH, InductorFallbackWarning, warn_fallback
 from rematc.fusion import KeepPlanOrder, keep_plan_order, spans
 from rematc.memory import profiler_peak
 
@@ -100,8 +100,13 @@ def test_a_torch_without_a_choices_handler_is_warned_about_once(monkeypatch: pyt
     warn_fallback.cache_clear()
 
 
+# torch 2.11's Inductor code for the small Llama at 45% peaks 10.6% above the plan; the check
+# after compilation re-plans and then warns (docs/inductor-memory.md, "Not followed").
+ON_2_11 = pytest.mark.xfail(TORCH == (2, 11), strict=True, reason="not followed on torch 2.11")
+
+
 @pytest.mark.inductor
-@pytest.mark.parametrize("fraction", [0.95, 0.8, 0.45])
+@pytest.mark.parametrize("fraction", [0.95, 0.8, pytest.param(0.45, marks=ON_2_11)])
 @pytest.mark.canary
 def test_a_llama_measures_its_prediction(fraction: float) -> None:
     """The small benchmark Llama: without the rule the step measured 12.5% above the

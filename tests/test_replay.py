@@ -10,12 +10,16 @@ import torch
 import rematc
 from bench import models
 from bench.replay import model_peak, replay_step
+from rematc._torch_compat import TORCH
 from solvers import save_all
 from solvers.checker import check
 from tests.graphs import chain
 
 
 @pytest.mark.inductor
+# On torch 2.11 this plan's code peaks above the budget and is re-planned (tests/test_fusion.py,
+# ON_2_11), so more modules are generated than the step's two.
+@pytest.mark.xfail(TORCH == (2, 11), reason="re-planned on torch 2.11")
 def test_replay_finds_the_profilers_peak_in_the_generated_code() -> None:
     """The small Llama has no kernel with a workspace: the replay's peak is the profiler's
     to a few bytes (8 B when measured), and the buffers listed there add up to it."""
