@@ -85,6 +85,7 @@ __all__ = [
     "inductor_partition_fn",
     "inductor_scheduler_types",
     "inductor_thresholds",
+    "inductor_virtualized",
     "is_bwd_seed_offset",
     "is_expandable_to",
     "is_fwd_seed_offset",

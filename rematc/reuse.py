@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rematc._torch_compat import inductor_allocate_line, inductor_virtualized, warn_fallback
+from rematc._torch_compat import inductor_allocate_line as allocate_line
+from rematc._torch_compat import inductor_virtualized, warn_fallback
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -208,8 +209,3 @@ def _dispatching(line: Any) -> Callable[[Any, Any, int], bool]:
         should_reuse_buffer.inductor_rule = inductor_rule  # type: ignore[attr-defined]
         line.should_reuse_buffer = should_reuse_buffer
     return inductor_rule
-
-
-def allocate_line() -> Any:
-    """Inductor's ``AllocateLine`` when it decides reuse as this module expects, else None."""
-    return inductor_allocate_line()
