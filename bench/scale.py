@@ -1,7 +1,7 @@
 """Plans for the models people train, beside checkpointing at the same peak.
 
 Llama-2-7B (32 layers), Llama-2-70B (80) and Llama-3-405B (126) shapes from
-``bench/llama.py``, traced on ``meta`` tensors (nothing is allocated) in bf16 under the
+``rematc/llama.py``, traced on ``meta`` tensors (nothing is allocated) in bf16 under the
 H100 profile, with flash attention, batch 1 at sequence 4096 (and 128K for the 405B).
 The weight gradients are taken as accumulated in place into ``.grad`` buffers that exist
 before the step (as the weights do), so the budgets are about activations.
@@ -51,7 +51,7 @@ def traced(key: str, cache: Path | None) -> tuple[Problem, float]:
     if path is not None and path.exists():
         problem = load_problem(str(path))
         return problem, float(problem.meta.get("trace_s", "nan"))
-    from bench.llama import make_llama
+    from rematc.llama import make_llama
     from rematc.trace import trace
 
     name, overrides = MODELS[key]

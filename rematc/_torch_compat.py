@@ -10,10 +10,11 @@ import, so functions here import them at first use.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -100,6 +101,7 @@ __all__ = [
     "optimization_hint",
     "raise_getitems",
     "reordering_to_mimic_autograd_engine",
+    "sizes_at",
     "tree_leaves",
     "tree_map",
     "tree_map_only",
@@ -116,7 +118,35 @@ def _optimization_hint_211(a: Any, fallback: int | None = None) -> int:
     return int(a)
 
 
-optimization_hint = getattr(_symbolic_shapes, "optimization_hint", _optimization_hint_211)
+_optimization_hint = getattr(_symbolic_shapes, "optimization_hint", _optimization_hint_211)
+# ShapeEnvs whose symbols are being read at other values (:func:`sizes_at`).
+_RESIZED: set[int] = set()
+
+
+def optimization_hint(a: Any, fallback: int | None = None) -> int:
+    """A SymInt's value without adding a guard: its hint, or under :func:`sizes_at` its
+    expression at the values given there."""
+    if _RESIZED and isinstance(a, torch.SymInt) and id(a.node.shape_env) in _RESIZED:
+        return int(a.node.shape_env.optimization_hint(a.node.expr, fallback=fallback))
+    return int(_optimization_hint(a, fallback=fallback))
+
+
+@contextlib.contextmanager
+def sizes_at(shape_env: Any, values: dict[Any, int]) -> Iterator[None]:
+    """Read every size of ``shape_env``'s graph with its symbols at ``values`` (sympy
+    symbol -> int) instead of the values it was traced at, e.g. another batch size."""
+    import sympy
+
+    hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    saved = dict(hints)
+    hints.update({s: sympy.Integer(v) for s, v in values.items()})
+    _RESIZED.add(id(shape_env))
+    try:
+        yield
+    finally:
+        _RESIZED.discard(id(shape_env))
+        hints.clear()
+        hints.update(saved)
 
 
 def _is_opaque_node_211(node: Any) -> bool:

@@ -380,7 +380,7 @@ def node_flops(node: fx.Node) -> tuple[float, str]:
     try:
         args, kwargs = tree_map(_val, (node.args, node.kwargs))
         if formula is not None:
-            return float(formula(*args, **kwargs, out_val=node.meta.get("val"))), "registry"
+            return _number(formula(*args, **kwargs, out_val=node.meta.get("val"))), "registry"
         if target in (_SDPA_CPU, _SDPA_CPU_BWD):
             return _attention_flops(target, args, kwargs), "attention formula"
     except Exception as e:  # a formula that cannot read these shapes: cost by bytes instead
@@ -394,9 +394,14 @@ def _attention_flops(target: Any, args: Any, kwargs: dict[str, Any]) -> float:
     q, k = (args[1], args[2]) if backward else (args[0], args[1])
     causal_pos = 7 if backward else 4
     causal = kwargs.get("is_causal", args[causal_pos] if len(args) > causal_pos else False)
-    b, h, tq, d = (int(s) for s in q.shape)
-    f = 4.0 * b * h * tq * int(k.shape[-2]) * d * (0.5 if causal else 1.0)
+    b, h, tq, d = (optimization_hint(s) for s in q.shape)
+    f = 4.0 * b * h * tq * optimization_hint(k.shape[-2]) * d * (0.5 if causal else 1.0)
     return 2.5 * f if backward else f
+
+
+def _number(x: Any) -> float:
+    """A formula's result; a symbolic one at the sizes' hints, adding no guard."""
+    return float(optimization_hint(x)) if isinstance(x, torch.SymInt) else float(x)
 
 
 def _val(a: Any) -> Any:

@@ -10,6 +10,7 @@ recompilations) share its budget (:class:`rematc.partition.BudgetShare`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -28,6 +29,7 @@ from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
 from rematc.partition import BudgetShare, RematPartitioner
 from rematc.reuse import allocate_line, planned_reuse
+from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
 from solvers.budget import Budget
 
@@ -55,6 +57,9 @@ class Backend:
         self.share = BudgetShare()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if self.options.budget is not None and self.options.budget.auto:
+            # Resolved once, at the first graph: the graphs of the step share it.
+            self.options = resolve_auto_budget(self.options, example_inputs)
         partitioner = RematPartitioner(self.options, self.share)
         if self.options.compiler == "inductor":
             return self._inductor(gm, example_inputs, partitioner)
@@ -129,6 +134,32 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
+
+
+def resolve_auto_budget(options: Options, example_inputs: Sequence[Any],
+                        mem_get_info: Callable[[torch.device], tuple[int, int]] | None = None) -> Options:
+    """``options`` with ``budget="auto"`` made bytes from the free memory of the device
+    the graph's inputs are on (:func:`rematc.wholestep.auto_budget`); ``ValueError`` off
+    an accelerator."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    devices = {t.device for t in tensors if t.device.type != "cpu"}
+    if not devices:
+        raise ValueError("budget='auto' is the free memory of the accelerator the model runs on, and "
+                         "this graph's inputs are on the CPU: give the budget in bytes ('2GiB') or as "
+                         "a fraction ('40%')")
+    device = next(iter(devices))
+    if mem_get_info is None:
+        if device.type != "cuda":
+            raise ValueError(f"budget='auto' reads free memory on CUDA devices, not {device.type}; "
+                             "give the budget in bytes or as a fraction")
+        mem_get_info = torch.cuda.mem_get_info
+    free, total = mem_get_info(device)
+    params = {id(t): t.numel() * t.element_size() for t in tensors
+              if isinstance(t, torch.nn.Parameter) and t.requires_grad}
+    auto = auto_budget(free=free, total=total, parameter_bytes=sum(params.values()),
+                       optimizer=options.optimizer)
+    log.info("rematc: budget %s", auto.derivation)
+    return dataclasses.replace(options, budget=Budget(nbytes=auto.budget), budget_origin=auto.derivation)
 
 
 # Re-plans of one graph when its generated code peaks above the budget.

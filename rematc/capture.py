@@ -52,6 +52,7 @@ from rematc._torch_compat import (
     is_primal,
     is_tangent,
     make_channels_last_strides_for,
+    optimization_hint,
     tree_map_only,
 )
 from rematc.annotate import (
@@ -1096,7 +1097,7 @@ def _offloadable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
         and isinstance(val, torch.Tensor)
         and val.layout is torch.strided
         and val.is_contiguous()
-        and val.numel() * val.element_size() == costs[owner].nbytes
+        and optimization_hint(val.numel()) * val.element_size() == costs[owner].nbytes
         and not any(_mutates(n) for n in group)
     )
 

@@ -5,6 +5,7 @@
     rematc solve model.json --budget 40% [--solver cpsat] [--out plan.json] [--json]
     rematc explain model.json --budget 512MiB
     rematc plot model.json --budget 40% --out-dir plots/
+    rematc fit rematc.llama:llama3_8b --device h100 --precision bf16-mixed --batch 1,2,4 --seq 8192
     rematc demo [--compiler eager]
 
 A FILE is a ``.pt2`` (``torch.export.save``), a rematc problem JSON, a networkx
@@ -53,6 +54,8 @@ SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "gree
 DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
 TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
+OPTIMIZER_NAMES = ("adamw", "adam", "sgd-momentum", "sgd")  # rematc.wholestep.OPTIMIZERS
+PRECISION_NAMES = ("fp32", "bf16-mixed", "bf16")  # rematc.wholestep.PRECISIONS
 EXIT_OK, EXIT_NO_PLAN, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -123,7 +126,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="budgets in the Pareto sweep, its two ends included (at least 2)")
     p.add_argument("--sweep-time-limit", type=_ranged(float, positive=True), default=5.0,
                    help="seconds per sweep solve")
+
+    p = command("fit", "will the training step fit a device? memory by part, step time and the fastest setting",
+                "examples:\n  rematc fit rematc.llama:llama3_8b --device h100 --precision bf16-mixed "
+                "--batch 1,2,4,8 --seq 4096,8192\n"
+                "  rematc fit config.json --device h100 --fsdp 8 --batch 1,2 --seq 4096 --json\n\n"
+                "SOURCE is a factory module:function called as function(batch=B, seq=S) and\n"
+                "returning (model, example_inputs), or a transformers config.json (file or\n"
+                "folder): rematc builds the causal LM on meta, with no weights, and its inputs.\n"
+                "Exit status 1 when no setting fits.")
+    p.add_argument("source", metavar="SOURCE", help="module:function or a transformers config.json")
+    p.add_argument("--device", choices=DEVICES, default="h100", help="device profile (memory, speed)")
+    p.add_argument("--memory", help="device memory per rank, e.g. 80GiB (default: the profile's)")
+    p.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="adamw")
+    p.add_argument("--precision", choices=PRECISION_NAMES, default="bf16-mixed",
+                   help="fp32; bf16-mixed: fp32 weights and optimizer, bf16 autocast; bf16: all bf16")
+    p.add_argument("--fsdp", type=_ranged(int, low=1), default=1, help="ranks FSDP2 shards the model over")
+    p.add_argument("--batch", type=_int_list, default=[1], help="micro-batches, e.g. 1,2,4,8")
+    p.add_argument("--seq", type=_int_list, default=[2048], help="sequence lengths, e.g. 4096,8192")
+    p.add_argument("--reserve", type=_ranged(float), help="fraction of the peak kept for the allocator's "
+                   "fragmentation (default 0.05 on a GPU, 0 on the CPU)")
+    p.add_argument("--time-limit", type=_ranged(float, positive=True), default=30.0,
+                   help="seconds per plan")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", metavar="DIR", help="write <name>-fit.png here: memory by part, tokens/s")
     return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected whole numbers from 1 up, got {text!r}")
+    return values
 
 
 def _model_source(p: argparse.ArgumentParser) -> None:
@@ -195,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             demo(budgets, compiler=args.compiler, steps=args.steps)
             return EXIT_OK
-        run = {"export": _export, "solve": _solve, "explain": _explain, "plot": _plot}[args.command]
+        run = {"export": _export, "solve": _solve, "explain": _explain, "plot": _plot,
+               "fit": _fit}[args.command]
         return run(args)
     except InfeasibleBudgetError as e:
         _error(f"infeasible: {e}")
@@ -656,6 +694,48 @@ def _plot(args: argparse.Namespace) -> int:
     save_png(pareto_figure(problem, points, time_unit=_time_unit(problem), budget=problem.budget), pareto)
     print(f"wrote {timeline}\nwrote {pareto}")
     return EXIT_OK
+
+
+def _fit(args: argparse.Namespace) -> int:
+    memory = None
+    if args.memory is not None:
+        try:
+            memory = parse_budget(args.memory).nbytes
+        except ValueError:
+            memory = None
+        if memory is None:
+            raise UsageError(f"--memory {args.memory!r} is not a size: give bytes per rank, "
+                             "e.g. 80GiB, 81559MiB or 85520809984")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as e:
+            raise UsageError(f"--plot needs matplotlib ({e}); pip install matplotlib") from None
+    from rematc import fit as fitting
+    from rematc.wholestep import StepSetup
+
+    if is_factory(args.source):
+        source: Any = fitting.load_fit_factory(args.source)
+        name = args.source.rpartition(":")[2]
+    else:
+        source = fitting.load_config(args.source)
+        name = _safe(os.path.basename(os.path.normpath(args.source)).removesuffix(".json"))
+    on_gpu = args.device != "cpu"
+    setup = StepSetup(optimizer=args.optimizer, precision=args.precision, fsdp=args.fsdp,
+                      device_type="cuda" if on_gpu else "cpu",
+                      reserve=args.reserve if args.reserve is not None else (0.05 if on_gpu else 0.0))
+    report = fitting.fit(source, device=args.device, memory=memory, setup=setup, batches=args.batch,
+                         seqs=args.seq, config=SolverConfig(time_limit=args.time_limit), name=name)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print("\n".join(fitting.describe(report)))
+    if args.plot:
+        os.makedirs(args.plot, exist_ok=True)
+        path = os.path.join(args.plot, f"{_safe(name)}-fit.png")
+        fitting.save_plot(report, path)
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    return EXIT_OK if report.best() is not None else EXIT_NO_PLAN
 
 
 def _safe(name: str) -> str:

@@ -38,6 +38,11 @@ class Options:
     # "What the budget bounds"); None plans without a limit, i.e. saves everything the
     # backward reads.
     budget: Budget | None = None
+    # With budget "auto": the optimizer whose state and step the budget leaves room for
+    # (a key of rematc.wholestep.OPTIMIZERS).
+    optimizer: str = "adamw"
+    # How the backend derived an "auto" budget, for the records; "" otherwise.
+    budget_origin: str = ""
     # Codegen for the emitted forward and backward: Inductor, or plain FX run eagerly.
     compiler: str = "inductor"
     # Device profile for the runtime model: a name in rematc.devices.PROFILES or a
@@ -59,6 +64,10 @@ class Options:
     cache_dir: str | os.PathLike[str] | None = CACHE_AUTO
 
     def __post_init__(self) -> None:
+        from rematc.wholestep import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.compiler not in COMPILERS:
             raise ValueError(f"option 'compiler' must be one of {COMPILERS}, got {self.compiler!r}")
         device = self.device
@@ -92,7 +101,7 @@ class Options:
     def from_mapping(options: Mapping[str, Any] | None) -> Options:
         """From ``torch.compile(..., options={...})`` or keyword arguments.
 
-        Keys: budget, compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
+        Keys: budget (bytes, a fraction, or "auto": docs/fit.md), optimizer, compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at), step_gap
         (stop once provably within this fraction of the step's time of the best plan),
         stall_time (stop once no better plan has been found for this many seconds; 0 never)

@@ -118,6 +118,7 @@ class PartitionRecord:
     # Bytes the post-compile check took off the budget before this plan: the generated
     # code of an earlier plan of this graph peaked above the budget by that much.
     squeezed: int = 0
+    budget_origin: str = ""  # how an "auto" budget was derived (Options.budget_origin)
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -441,6 +442,7 @@ class RematPartitioner(CustomPartitionerFn):
         record = PartitionRecord(
             joint_nodes=len(joint.graph.nodes), values=len(problem.nodes),
             candidates=len(problem.candidates), budget=problem.budget,
+            budget_origin=self.options.budget_origin,
             unconstrained_peak=unconstrained.peak, predicted_peak=report.peak,
             added_time=report.added_time, added_flops=report.added_flops,
             status=result.status.value, gap=result.gap, solve_time=result.wall_time,

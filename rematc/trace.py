@@ -41,13 +41,14 @@ from rematc._torch_compat import (
     inductor_decompositions,
     inductor_partition_fn,
     make_boxed_func,
+    sizes_at,
     tree_leaves,
     tree_map,
 )
 from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
-from rematc.partition import capture_stage
+from rematc.partition import capture_stage, shape_env_of
 from solvers import Plan, Problem
 
 SHAPES_KEY = "shapes"  # Problem.meta key: JSON {value name: "float32[4, 64]"}
@@ -73,6 +74,38 @@ class Traced:
     def emit(self, plan: Plan) -> Emitted:
         return emit(self.joint, self.captured, plan, num_fwd_outputs=self.num_fwd_outputs,
                     static_lifetime_input_indices=list(self.static_inputs))
+
+    def batch_symbols(self) -> tuple[Any, ...]:
+        """The symbols of the inputs' first dimensions, where they were traced dynamic
+        (``torch._dynamo.mark_dynamic(x, 0)``); parameters are not inputs here."""
+        static = set(self.static_inputs)
+        out: list[Any] = []
+        for i, n in enumerate(self.joint.graph.find_nodes(op="placeholder")):
+            val = n.meta.get("val")
+            if i in static or not isinstance(val, torch.Tensor) or val.dim() == 0:
+                continue
+            d = val.shape[0]
+            if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol and d.node.expr not in out:
+                out.append(d.node.expr)
+        return tuple(out)
+
+    def at_batch(self, batch: int) -> Problem:
+        """The problem of this step at another batch size: the captured graph's sizes
+        and costs read again with its batch symbols at ``batch`` (no new trace)."""
+        symbols = self.batch_symbols()
+        if not symbols:
+            raise TraceError("this step was traced at a fixed batch size: mark its inputs' first "
+                             "dimension dynamic (torch._dynamo.mark_dynamic(x, 0)) to resize it")
+        shape_env = shape_env_of(self.joint)
+        device = profile_for(self.problem.meta.get("device", "cpu"))
+        with sizes_at(shape_env, dict.fromkeys(symbols, batch)):
+            _, captured = capture_stage(self.joint, device, fuses=self.problem.meta.get("target") == "inductor",
+                                        num_fwd_outputs=self.num_fwd_outputs, static=self.static_inputs,
+                                        name=self.problem.name)
+        meta = {**self.problem.meta, "batch": str(batch)}
+        meta.pop(SHAPES_KEY, None)
+        return Problem(nodes=captured.problem.nodes, host_bandwidth=captured.problem.host_bandwidth,
+                       name=self.problem.name, meta=meta)
 
 
 class _Stop(Exception):

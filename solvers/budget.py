@@ -22,7 +22,8 @@ from solvers.problem import MAX_BYTES, MAX_BYTES_TEXT
 
 ACCEPTED = (
     "an int of bytes (2000000000), a size string ('512MiB', '2GB', '1.5GiB'), "
-    "or a fraction of the unconstrained activation memory (0.4 or '40%')"
+    "a fraction of the unconstrained activation memory (0.4 or '40%'), "
+    "or 'auto' (an accelerator's free memory, in rematc's backend)"
 )
 
 _UNITS = {
@@ -36,21 +37,28 @@ _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 
 @dataclass(frozen=True)
 class Budget:
-    """Either an absolute number of bytes or a fraction of the unconstrained peak."""
+    """An absolute number of bytes, a fraction of the unconstrained peak, or ``auto``:
+    what a device has free when a graph compiles (resolved to bytes by rematc's backend)."""
 
     nbytes: int | None = None
     fraction: float | None = None
+    auto: bool = False
 
     def resolve(self, unconstrained_peak: int) -> int:
         """Bytes, given the peak of the plan that saves everything."""
         if self.nbytes is not None:
             return self.nbytes
+        if self.auto:
+            raise ValueError("budget 'auto' is a device's free memory when a graph compiles; "
+                             "a problem file needs bytes or a fraction")
         assert self.fraction is not None
         return math.floor(self.fraction * unconstrained_peak)
 
     def __str__(self) -> str:
         if self.nbytes is not None:
             return format_bytes(self.nbytes)
+        if self.auto:
+            return "auto"
         return f"{self.fraction:.1%} of unconstrained"
 
 
@@ -67,6 +75,8 @@ def parse_budget(value: object) -> Budget:
     if isinstance(value, float):
         return _fraction(value, value)
     if isinstance(value, str):
+        if value.strip().lower() == "auto":
+            return Budget(auto=True)
         if m := _PERCENT.match(value):
             return _fraction(float(m.group(1)) / 100, value)
         if m := _SIZE.match(value):

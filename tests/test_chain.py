@@ -196,7 +196,7 @@ def test_chain_seeded_plans_give_eager_gradients(monkeypatch: pytest.MonkeyPatch
 @cache
 def meta_llama() -> Problem:
     """A 4-layer toy Llama traced on meta tensors for the H100 in bf16."""
-    from bench.llama import llama_tiny
+    from rematc.llama import llama_tiny
 
     model, inputs = llama_tiny()
     return trace(model, inputs, device="h100", dtype="bfloat16", target="eager").problem

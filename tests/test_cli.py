@@ -716,7 +716,7 @@ def test_baselines_and_the_chain_model_solve_a_model_traced_on_meta(
     """A model on meta tensors exports for the H100 in bf16; checkpointing every segment is a
     solver judged by the same checker, and the chain model is no dearer at its peak."""
     out = tmp_path / "llama.json"
-    rc, _, _ = run(capsys, "export", "bench.llama:llama_tiny", "-o", out, "--device", "h100",
+    rc, _, _ = run(capsys, "export", "rematc.llama:llama_tiny", "-o", out, "--device", "h100",
                    "--dtype", "bfloat16", "--target", "eager")
     assert rc == 0
     rc, text, _ = run(capsys, "solve", out, "--solver", "checkpoint", "--budget", "100%", "--json")

@@ -5,10 +5,13 @@ RMSNorm, rotary position embeddings, grouped-query attention through
 returning the next-token loss. Each factory returns ``(model, (tokens, targets))`` for
 ``rematc export``, which traces it under a device profile and dtype:
 
-    rematc export bench.llama:llama2_7b --device h100 --dtype bfloat16 -o llama7b.json
+    rematc export rematc.llama:llama2_7b --device h100 --dtype bfloat16 -o llama7b.json
 
 ``LLAMA_SHAPES`` holds the published shapes; :func:`make_llama` builds any of them with
-fewer layers or another sequence length.
+fewer layers or another sequence length. The named factories take ``batch`` and ``seq``,
+as ``rematc fit`` calls them:
+
+    rematc fit rematc.llama:llama3_8b --device h100 --precision bf16-mixed --batch 1,2 --seq 8192
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class LlamaShape:
 
 LLAMA_SHAPES = {
     "llama2-7b": LlamaShape(n_layer=32, d_model=4096, n_head=32, n_kv_head=32, d_ff=11008, vocab=32000),
+    "llama3-8b": LlamaShape(n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336, vocab=128256),
     "llama2-70b": LlamaShape(n_layer=80, d_model=8192, n_head=64, n_kv_head=8, d_ff=28672, vocab=32000),
     "llama3-405b": LlamaShape(n_layer=126, d_model=16384, n_head=128, n_kv_head=8, d_ff=53248,
                               vocab=128256),
@@ -104,6 +108,9 @@ class Layer(nn.Module):
 
 
 class Llama(nn.Module):
+    cos: Tensor  # rotary tables, [seq_len, head_dim] buffers
+    sin: Tensor
+
     def __init__(self, s: LlamaShape) -> None:
         super().__init__()
         self.shape = s
@@ -141,22 +148,26 @@ def make_llama(name: str, *, device: str = "meta", **overrides: int) -> tuple[Ll
     return model, (tokens, targets)
 
 
-def llama2_7b() -> tuple[Llama, tuple[Tensor, Tensor]]:
-    return make_llama("llama2-7b")
+def llama2_7b(*, batch: int = 1, seq: int = 4096) -> tuple[Llama, tuple[Tensor, Tensor]]:
+    return make_llama("llama2-7b", batch=batch, seq_len=seq)
 
 
-def llama2_70b() -> tuple[Llama, tuple[Tensor, Tensor]]:
-    return make_llama("llama2-70b")
+def llama3_8b(*, batch: int = 1, seq: int = 8192) -> tuple[Llama, tuple[Tensor, Tensor]]:
+    return make_llama("llama3-8b", batch=batch, seq_len=seq)
 
 
-def llama3_405b() -> tuple[Llama, tuple[Tensor, Tensor]]:
-    return make_llama("llama3-405b")
+def llama2_70b(*, batch: int = 1, seq: int = 4096) -> tuple[Llama, tuple[Tensor, Tensor]]:
+    return make_llama("llama2-70b", batch=batch, seq_len=seq)
 
 
-def llama3_405b_128k() -> tuple[Llama, tuple[Tensor, Tensor]]:
-    return make_llama("llama3-405b", seq_len=131072)
+def llama3_405b(*, batch: int = 1, seq: int = 4096) -> tuple[Llama, tuple[Tensor, Tensor]]:
+    return make_llama("llama3-405b", batch=batch, seq_len=seq)
 
 
-def llama_tiny() -> tuple[Llama, tuple[Tensor, Tensor]]:
-    """Four layers of the toy shape on meta: for tests of tracing without the hardware."""
-    return make_llama("tiny", n_layer=4)
+def llama3_405b_128k(*, batch: int = 1, seq: int = 131072) -> tuple[Llama, tuple[Tensor, Tensor]]:
+    return make_llama("llama3-405b", batch=batch, seq_len=seq)
+
+
+def llama_tiny(*, batch: int = 2, seq: int = 16, n_layer: int = 4) -> tuple[Llama, tuple[Tensor, Tensor]]:
+    """The toy shape on meta (four layers): for tests of tracing without the hardware."""
+    return make_llama("tiny", n_layer=n_layer, batch=batch, seq_len=seq)

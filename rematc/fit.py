@@ -1,0 +1,516 @@
+"""Will it fit? One training step of a model at each micro-batch and sequence length.
+
+For every shape of a sweep, :func:`fit` traces the step on the model's own tensors
+(``meta`` for models too big for this machine), plans its activations three ways, and
+adds the rest of the step (:mod:`rematc.wholestep`):
+
+* no recomputation: everything the backward reads is saved;
+* per-block checkpointing: each segment boundary of the chain of blocks is kept and the
+  rest recomputed (``torch.utils.checkpoint`` around every block);
+* rematc: the cheapest plan whose whole step fits the device's memory.
+
+Each gets the step's memory by part, whether it fits, the modelled step time (forward
+and backward by the device model, the plan's recomputation, the optimizer's passes over
+memory; no communication) and tokens per second per rank. :meth:`FitReport.best` is the
+fastest configuration that fits. docs/fit.md states the model and its validation.
+
+A model source is a factory ``f(*, batch, seq) -> (model, inputs)`` whose model returns
+the loss, or a ``transformers`` config (an object or a JSON file): rematc builds the
+causal LM on ``meta`` with no weights, its inputs, and a next-token loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from rematc.devices import DeviceProfile, profile_for
+from rematc.wholestep import (
+    Breakdown,
+    ModelStates,
+    StepSetup,
+    activation_room,
+    breakdown,
+    model_states,
+    optimizer_time,
+)
+from solvers import InfeasibleBudgetError, Problem, SolverConfig
+from solvers.baselines import checkpoint_every, save_all
+from solvers.planner import solve
+
+if TYPE_CHECKING:
+    from rematc.trace import Traced
+
+log = logging.getLogger(__name__)
+
+Factory = Callable[..., tuple[nn.Module, Sequence[Any]]]
+STRATEGIES = ("no recomputation", "per-block checkpointing", "rematc")
+DEFAULT_SETUP = StepSetup()
+
+
+class FitError(ValueError):
+    """A model source or setting fit cannot use; the message says which and why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One way of running one shape."""
+
+    strategy: str  # one of STRATEGIES
+    breakdown: Breakdown | None  # None where no plan was found
+    fits: bool
+    added_time: float  # seconds the plan recomputes or exposes
+    step_time: float  # seconds of the whole step, modelled
+    tokens_per_s: float  # per rank
+    status: str  # "fits", "over by 3.1 GiB", "no plan: ...", the solver's status
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeFit:
+    batch: int
+    seq: int
+    trace_s: float  # wall seconds to trace (0 where states alone do not fit: not traced)
+    plan_s: float
+    values: int  # values of the traced graph
+    compute_time: float  # seconds of forward and backward, nothing recomputed
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitReport:
+    source: str
+    device: str
+    memory: int  # bytes of device memory per rank
+    setup: StepSetup
+    parameters: int  # trainable elements
+    shapes: tuple[ShapeFit, ...]
+
+    def best(self) -> tuple[ShapeFit, Candidate] | None:
+        """The fastest configuration that fits, by tokens per second."""
+        fitting = [(s, c) for s in self.shapes for c in s.candidates if c.fits]
+        return max(fitting, key=lambda sc: sc[1].tokens_per_s, default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        best = self.best()
+        return {
+            "source": self.source, "device": self.device, "memory": self.memory,
+            "setup": dataclasses.asdict(self.setup), "parameters": self.parameters,
+            "shapes": [{
+                "batch": s.batch, "seq": s.seq, "trace_s": round(s.trace_s, 2),
+                "plan_s": round(s.plan_s, 2), "values": s.values, "compute_time": s.compute_time,
+                "candidates": [{
+                    "strategy": c.strategy, "fits": c.fits, "status": c.status,
+                    "peak": c.breakdown.peak if c.breakdown else None,
+                    "phase": c.breakdown.phase if c.breakdown else None,
+                    "parts": c.breakdown.parts() if c.breakdown else None,
+                    "added_time": c.added_time, "step_time": c.step_time,
+                    "tokens_per_s": c.tokens_per_s,
+                } for c in s.candidates],
+            } for s in self.shapes],
+            "best": None if best is None else {"batch": best[0].batch, "seq": best[0].seq,
+                                               "strategy": best[1].strategy,
+                                               "tokens_per_s": best[1].tokens_per_s},
+        }
+
+
+def fit(source: Factory | Any, *, device: str | DeviceProfile, memory: int | None = None,
+        setup: StepSetup = DEFAULT_SETUP, batches: Sequence[int] = (1,),
+        seqs: Sequence[int] = (2048,), config: SolverConfig = SolverConfig(time_limit=30),
+        name: str = "model") -> FitReport:
+    """Sweep ``batches`` x ``seqs`` of ``source`` (a factory or a transformers config)
+    on ``device`` with ``memory`` bytes per rank (the profile's by default).
+
+    Each sequence length is traced once where three or more batches share it: with the
+    batch dimension symbolic, each batch's problem is the captured graph read again at
+    that size (:meth:`rematc.trace.Traced.at_batch`), not a new trace."""
+    profile = profile_for(device)
+    memory = memory if memory is not None else profile.memory
+    if not memory:
+        raise FitError(f"the {profile.name} profile states no device memory; give the memory per rank")
+    build = _builder(source)
+    shapes: list[ShapeFit] = []
+    parameters = 0
+    for seq in seqs:
+        # Dynamo specializes a dimension of size 1: the symbolic trace is at batch >= 2.
+        first = min((b for b in batches if b >= 2), default=2)
+        model, inputs = build(batch=first, seq=seq)
+        states = model_states(model)
+        parameters = states.count
+        on_meta = any(t.device.type == "meta" for t in model.parameters())
+        # Autocast does not act on meta tensors: there a bf16-mixed step is traced in bf16,
+        # and its fp32 gradients are added beside the graph instead of inside it.
+        counts = setup.fsdp == 1 and not (on_meta and setup.precision == "bf16-mixed")
+        room = activation_room(states, setup, memory, activations_count_gradients=counts)
+        if room < 0:
+            shapes += [_states_over(states, setup, memory, counts, batch=b, seq=seq) for b in batches]
+            continue
+        problems = _problems(build, model, inputs, batches, first, seq=seq, profile=profile,
+                             setup=setup, name=f"{name}-s{seq}")
+        for batch in batches:
+            problem, trace_s = problems[batch]
+            if not counts:
+                problem = gradients_outside(problem)
+            shapes.append(_fit_shape(problem, trace_s, states, profile, memory, room, setup, config,
+                                     counts_gradients=counts, batch=batch, seq=seq))
+    return FitReport(source=name, device=profile.name, memory=memory, setup=setup,
+                     parameters=parameters, shapes=tuple(shapes))
+
+
+def _problems(build: Factory, model: nn.Module, inputs: Sequence[Any], batches: Sequence[int],
+              first: int, *, seq: int, profile: DeviceProfile, setup: StepSetup,
+              name: str) -> dict[int, tuple[Problem, float]]:
+    """Each batch's problem and the seconds its share of tracing took (``model`` and
+    ``inputs`` are the step at batch ``first``)."""
+    dynamic = len(set(batches)) >= 3
+    if dynamic:
+        for x in inputs:
+            if isinstance(x, Tensor) and x.dim() > 0:
+                torch._dynamo.mark_dynamic(x, 0)
+        t0 = time.perf_counter()
+        traced = trace_step(model, inputs, profile=profile, setup=setup, name=name)
+        if traced.batch_symbols():
+            shared = (time.perf_counter() - t0) / len(set(batches))
+            out = {}
+            for b in batches:
+                t1 = time.perf_counter()
+                out[b] = (traced.at_batch(b), shared + time.perf_counter() - t1)
+            return out
+        log.info("rematc fit: %s specializes its batch size: tracing each batch", name)
+    out = {}
+    for b in batches:
+        # The step at ``first`` serves its own trace, unless a symbolic one used it.
+        step = (model, inputs) if b == first and not dynamic else build(batch=b, seq=seq)
+        t0 = time.perf_counter()
+        out[b] = (trace_step(*step, profile=profile, setup=setup, name=f"{name}-b{b}").problem,
+                  time.perf_counter() - t0)
+    return out
+
+
+def _states_over(states: ModelStates, setup: StepSetup, memory: int, counts: bool, *,
+                 batch: int, seq: int) -> ShapeFit:
+    probe = breakdown(states, setup, activations=0, activations_count_gradients=counts)
+    status = f"model states alone need {_gib(probe.peak)} of {_gib(memory)}"
+    out = tuple(Candidate(strategy=s, breakdown=probe, fits=False, added_time=0.0,
+                          step_time=float("nan"), tokens_per_s=0.0, status=status) for s in STRATEGIES)
+    return ShapeFit(batch=batch, seq=seq, trace_s=0.0, plan_s=0.0, values=0,
+                    compute_time=float("nan"), candidates=out)
+
+
+def _fit_shape(problem: Problem, trace_s: float, states: ModelStates, profile: DeviceProfile,
+               memory: int, room: int, setup: StepSetup, config: SolverConfig, *,
+               counts_gradients: bool, batch: int, seq: int) -> ShapeFit:
+    tokens = batch * seq
+    compute = sum(n.time for n in problem.nodes if not n.resident)
+    opt_time = optimizer_time(states, setup, profile.mem_bandwidth)
+
+    def candidate(strategy: str, activations: int | None, added: float, status: str) -> Candidate:
+        if activations is None:
+            return Candidate(strategy=strategy, breakdown=None, fits=False, added_time=added,
+                             step_time=float("nan"), tokens_per_s=0.0, status=status)
+        b = breakdown(states, setup, activations=activations,
+                      activations_count_gradients=counts_gradients)
+        fits = b.peak <= memory
+        step = compute + added + opt_time
+        status = (status or "fits") if fits else f"over by {_gib(b.peak - memory)}"
+        return Candidate(strategy=strategy, breakdown=b, fits=fits, added_time=added,
+                         step_time=step, tokens_per_s=tokens / step, status=status)
+
+    free = problem.with_budget(None)
+    everything = save_all(free).report
+    blocks = checkpoint_every(free, k=1).report
+    assert everything is not None and blocks is not None
+    t1 = time.perf_counter()
+    planned = _plan(problem, room, everything.peak, config)
+    plan_s = time.perf_counter() - t1
+    ours = (candidate("rematc", None, 0.0, planned[2]) if planned[0] is None
+            else candidate("rematc", planned[0], planned[1], planned[2]))
+    out = (candidate("no recomputation", everything.peak, 0.0, ""),
+           candidate("per-block checkpointing", blocks.peak, blocks.added_time, ""), ours)
+    return ShapeFit(batch=batch, seq=seq, trace_s=trace_s, plan_s=plan_s,
+                    values=len(problem.nodes), compute_time=compute, candidates=out)
+
+
+def _plan(problem: Problem, room: int, save_all_peak: int,
+          config: SolverConfig) -> tuple[int | None, float, str]:
+    """(graph peak, added seconds, status) of rematc's plan within ``room`` bytes."""
+    if save_all_peak <= room:
+        return save_all_peak, 0.0, ""
+    try:
+        result = solve(problem.with_budget(room), config)
+    except InfeasibleBudgetError as e:
+        least = f"; the graph needs at least {_gib(e.min_feasible)}" if e.min_feasible else ""
+        return None, 0.0, f"no plan within {_gib(room)} of activations{least}"
+    if result.report is None or result.plan is None:
+        return None, 0.0, f"no plan ({result.status.name.lower()})"
+    gap = f", gap {result.gap:.0%}" if result.gap > 0.005 else ""
+    return result.report.peak, result.report.added_time, f"fits ({result.solver}{gap})"
+
+
+def gradients_outside(problem: Problem) -> Problem:
+    """The problem with its gradients (backward values kept to the end) holding no bytes:
+    the whole-step model adds them beside the graph."""
+    nodes = [dataclasses.replace(n, size=0) if n.backward and n.keep else n for n in problem.nodes]
+    return dataclasses.replace(problem, nodes=tuple(nodes))
+
+
+def trace_step(model: nn.Module, inputs: Sequence[Any], *, profile: DeviceProfile,
+               setup: StepSetup, name: str) -> Traced:
+    """One step of ``model`` at ``setup``'s precision: on ``meta`` cast to the compute
+    dtype, elsewhere under autocast for bf16-mixed."""
+    from rematc.trace import trace
+
+    on_meta = any(t.device.type == "meta" for t in model.parameters())
+    dtype: str | None = None
+    if setup.precision == "bf16" or (on_meta and setup.precision == "bf16-mixed"):
+        dtype = "bfloat16"
+    elif setup.precision == "bf16-mixed":
+        model = _Autocast(model)
+    return trace(model, tuple(inputs), device=profile.name, target="eager", dtype=dtype, name=name)
+
+
+class _Autocast(nn.Module):
+    """``inner`` run under bf16 autocast on its own device type."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Tensor:
+        device_type = next(self.inner.parameters()).device.type
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            out: Tensor = self.inner(*args)
+        return out
+
+
+# ---- model sources -------------------------------------------------------------------
+
+
+def _builder(source: Factory | Any) -> Factory:
+    if _is_config(source):
+        return lambda *, batch, seq: causal_lm(source, batch=batch, seq=seq)
+    if callable(source):
+        return source
+    raise FitError(f"a fit source is a factory f(*, batch, seq) or a transformers config, "
+                   f"got {type(source).__name__}")
+
+
+def load_fit_factory(spec: str) -> Factory:
+    """``module:function`` as a fit source: called as ``function(batch=B, seq=S)``."""
+    import importlib
+    import inspect
+    import sys
+
+    mod_name, _, fn_name = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(mod_name)
+    except Exception as e:
+        raise FitError(f"cannot import {mod_name!r}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise FitError(f"{spec}: {mod_name} has no function {fn_name!r}")
+    try:
+        inspect.signature(fn).bind(batch=1, seq=1)
+    except (TypeError, ValueError):
+        raise FitError(f"{spec} must take the keyword arguments batch and seq") from None
+
+    def build(*, batch: int, seq: int) -> tuple[nn.Module, Sequence[Any]]:
+        try:
+            made = fn(batch=batch, seq=seq)
+        except Exception as e:
+            raise FitError(f"{spec}(batch={batch}, seq={seq}) failed: {type(e).__name__}: {e}") from e
+        if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
+            raise FitError(f"{spec}() must return (model, example_inputs), got {type(made).__name__}")
+        inputs = made[1]
+        return made[0], tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+    return build
+
+
+def _is_config(source: object) -> bool:
+    try:
+        import transformers
+    except ImportError:
+        return False
+    return isinstance(source, transformers.PretrainedConfig)
+
+
+def load_config(path: str) -> Any:
+    """A transformers config from a ``config.json`` (file or folder); one-line errors."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise FitError("a config source needs transformers (pip install transformers)") from e
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise FitError(f"cannot read {file}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise FitError(f"{file} is not JSON: {e.msg} at line {e.lineno}") from e
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise FitError(f"{file}: a transformers config needs the field 'model_type'")
+    try:
+        return transformers.AutoConfig.for_model(**data)
+    except (ValueError, KeyError, TypeError) as e:
+        raise FitError(f"{file}: {str(e).splitlines()[0]}") from e
+
+
+class CausalLMLoss(nn.Module):
+    """A transformers causal LM and its next-token loss, written out (on meta tensors
+    ``aten::nll_loss`` has no autograd kernel)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        logits = self.inner(input_ids=tokens, use_cache=False).logits[:, :-1].float()
+        picked = logits.log_softmax(-1).gather(-1, tokens[:, 1:].unsqueeze(-1))
+        return -picked.mean()
+
+
+_CAUSAL = "rematc_causal"
+
+
+def causal_lm(config: Any, *, batch: int, seq: int) -> tuple[nn.Module, tuple[Tensor]]:
+    """The config's causal LM on ``meta`` (no weights) and ``batch`` x ``seq`` tokens.
+    Attention is torch's SDPA with ``is_causal=True``: the inputs carry no padding, and
+    on meta a materialised mask would trace as explicit softmax attention."""
+    import transformers
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def causal(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+               attention_mask: Tensor | None, **kwargs: Any) -> Any:
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+
+    AttentionInterface.register(_CAUSAL, causal)
+    config = config.__class__.from_dict(config.to_dict())
+    config._attn_implementation = _CAUSAL
+    config.use_cache = False
+    with torch.device("meta"), _quiet("transformers"):
+        try:
+            inner = transformers.AutoModelForCausalLM.from_config(config)
+        except ValueError as e:
+            raise FitError(f"transformers cannot build a causal LM from this config: "
+                           f"{str(e).splitlines()[0]}") from e
+        tokens = torch.zeros(batch, seq, dtype=torch.long)
+    inner.train()
+    return CausalLMLoss(inner), (tokens,)
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    lg = logging.getLogger(logger)
+    level = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lg.setLevel(level)
+
+
+def _gib(n: int | float) -> str:
+    return f"{n / 2**30:.1f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# ---- reports -------------------------------------------------------------------------
+
+
+def describe(report: FitReport) -> list[str]:
+    """The report as tables: the step's memory by part, then each shape's strategies."""
+    s = report.setup
+    fsdp = f", FSDP over {s.fsdp} ranks" if s.fsdp > 1 else ""
+    lines = [f"{report.source} on {report.device} ({_gib(report.memory)} per rank): "
+             f"{report.parameters / 1e9:.2f} B parameters, {s.optimizer}, {s.precision}{fsdp}, "
+             f"reserve {s.reserve:.0%}", ""]
+    unit, scale = ("GiB", 2**30) if report.memory >= 2**30 else ("MiB", 2**20)
+    head = (f"{'batch':>5} {'seq':>7}  {'strategy':<24} {'peak ' + unit:>9} {'params':>7} {'grads':>7} "
+            f"{'optim':>7} {'activ':>7} {'other':>7}  {'added ms':>9} {'step ms':>9} {'tokens/s':>9}  status")
+    lines += [head, "-" * len(head)]
+    for shape in report.shapes:
+        for c in shape.candidates:
+            b = c.breakdown
+            if b is None:
+                cells = f"{'-':>9} {'':>7} {'':>7} {'':>7} {'':>7} {'':>7}"
+            else:
+                parts = b.parts()
+                other = parts["buffers"] + parts["FSDP buffers"] + parts["optimizer temporaries"] + parts["reserve"]
+                cells = (f"{b.peak / scale:>9.1f} {parts['parameters'] / scale:>7.1f} "
+                         f"{parts['gradients'] / scale:>7.1f} {parts['optimizer state'] / scale:>7.1f} "
+                         f"{parts['activations'] / scale:>7.1f} {other / scale:>7.1f}")
+            timing = (f"{c.added_time * 1e3:>9.1f} {c.step_time * 1e3:>9.1f} {c.tokens_per_s:>9,.0f}"
+                      if c.fits else f"{'':>9} {'':>9} {'':>9}")
+            lines.append(f"{shape.batch:>5} {shape.seq:>7}  {c.strategy:<24} {cells}  {timing}  {c.status}")
+    traced = [x for x in report.shapes if x.trace_s]
+    if traced:
+        lines.append(f"traced {len(traced)} shapes in {sum(x.trace_s for x in traced):.0f} s, "
+                     f"planned in {sum(x.plan_s for x in traced):.0f} s")
+    best = report.best()
+    lines.append("")
+    if best is None:
+        lines.append("nothing fits: shard the model (--fsdp), a smaller batch or sequence, or bf16 states")
+    else:
+        shape, c = best
+        assert c.breakdown is not None
+        lines.append(f"fastest that fits: batch {shape.batch}, seq {shape.seq}, {c.strategy}: "
+                     f"{c.tokens_per_s:,.0f} tokens/s per rank, step {c.step_time * 1e3:.1f} ms, "
+                     f"peak {_gib(c.breakdown.peak)} of {_gib(report.memory)} ({c.breakdown.phase})")
+    return lines
+
+
+def save_plot(report: FitReport, path: str) -> None:
+    """A PNG: stacked bars of each configuration's memory against the device's line, and
+    tokens per second against the batch for each sequence length."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    bars, speed = fig.subplots(1, 2, width_ratios=(3, 1))
+    labels: list[str] = []
+    names = ("parameters", "gradients", "optimizer state", "buffers", "activations",
+             "FSDP buffers", "optimizer temporaries", "reserve")
+    rows: list[dict[str, int]] = []
+    short = {"no recomputation": "none", "per-block checkpointing": "ckpt", "rematc": "rematc"}
+    for shape in report.shapes:
+        for c in shape.candidates:
+            if c.breakdown is not None:
+                labels.append(f"b{shape.batch} s{shape.seq}\n{short[c.strategy]}")
+                rows.append(c.breakdown.parts())
+    bottom = [0.0] * len(rows)
+    for part in names:
+        heights = [r[part] / 2**30 for r in rows]
+        if any(heights):
+            bars.bar(range(len(rows)), heights, bottom=bottom, label=part)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    bars.axhline(report.memory / 2**30, color="black", linestyle="--", label=f"{report.device} memory")
+    bars.set_xticks(range(len(rows)), labels, fontsize=7)
+    bars.set_ylabel("GiB per rank")
+    bars.set_title(f"{report.source}: the step's memory at its peak")
+    bars.legend(fontsize=7)
+    for seq in sorted({x.seq for x in report.shapes}):
+        for strategy in STRATEGIES:
+            points = [(x.batch, c.tokens_per_s) for x in report.shapes if x.seq == seq
+                      for c in x.candidates if c.strategy == strategy and c.fits]
+            if points:
+                speed.plot(*zip(*sorted(points), strict=True), marker="o",
+                           label=f"seq {seq}, {short[strategy]}")
+    speed.set_xlabel("micro-batch")
+    speed.set_ylabel("tokens/s per rank (modelled)")
+    speed.set_title("what fits, and how fast")
+    speed.legend(fontsize=7)
+    FigureCanvasAgg(fig).print_png(path)

@@ -1,0 +1,169 @@
+"""rematc fit: the sweep on meta models and transformers configs, its recommendation,
+the command line and its bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rematc.cli import main
+from rematc.fit import STRATEGIES, FitError, causal_lm, fit, load_config, load_fit_factory
+from rematc.llama import llama_tiny
+from rematc.wholestep import StepSetup
+from solvers import SolverConfig
+
+pytestmark = pytest.mark.slow
+
+GPU = StepSetup(optimizer="adamw", precision="bf16-mixed", device_type="cuda", reserve=0.05)
+QUICK = SolverConfig(time_limit=10)
+
+TINY_LLAMA_CONFIG = {
+    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+    "max_position_embeddings": 128, "tie_word_embeddings": False,
+}
+
+
+def test_a_sweep_plans_every_shape_three_ways_and_recommends_the_fastest_that_fits() -> None:
+    report = fit(llama_tiny, device="h100", memory=1_150_000, setup=GPU, batches=(1, 4),
+                 seqs=(32,), config=QUICK, name="tiny")
+    assert [(s.batch, s.seq) for s in report.shapes] == [(1, 32), (4, 32)]
+    for shape in report.shapes:
+        assert tuple(c.strategy for c in shape.candidates) == STRATEGIES
+        none, blocks, ours = shape.candidates
+        assert none.breakdown and blocks.breakdown and ours.breakdown
+        # Checkpointing holds less than saving everything and costs time.
+        assert blocks.breakdown.activations < none.breakdown.activations
+        assert blocks.added_time > 0 == none.added_time
+        for c in shape.candidates:
+            assert c.fits == (c.breakdown is not None and c.breakdown.peak <= report.memory)
+    big = report.shapes[1]
+    # At batch 4 saving everything is over the memory and rematc's plan is not.
+    assert not big.candidates[0].fits and big.candidates[2].fits
+    best = report.best()
+    assert best is not None
+    fitting = [c.tokens_per_s for s in report.shapes for c in s.candidates if c.fits]
+    assert best[1].tokens_per_s == max(fitting)
+    data = report.to_json()
+    json.dumps(data)
+    assert data["best"]["tokens_per_s"] == best[1].tokens_per_s
+
+
+def test_states_that_do_not_fit_are_said_without_tracing() -> None:
+    report = fit(llama_tiny, device="h100", memory=100_000, setup=GPU, batches=(2,), seqs=(16,))
+    [shape] = report.shapes
+    assert shape.trace_s == 0 and report.best() is None
+    assert all("model states alone need" in c.status for c in shape.candidates)
+
+
+def test_fsdp_adds_the_units_in_flight_and_divides_the_states() -> None:
+    one = fit(llama_tiny, device="h100", memory=10**9, setup=GPU, batches=(2,), seqs=(16,))
+    four = fit(llama_tiny, device="h100", memory=10**9,
+               setup=StepSetup(optimizer="adamw", precision="bf16-mixed", device_type="cuda",
+                               reserve=0.05, fsdp=4), batches=(2,), seqs=(16,))
+    a, b = one.shapes[0].candidates[0].breakdown, four.shapes[0].candidates[0].breakdown
+    assert a and b
+    assert b.parameters < a.parameters / 3 and b.fsdp_buffers > 0 == a.fsdp_buffers
+
+
+def test_a_transformers_config_is_built_on_meta_with_fused_causal_attention(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA_CONFIG))
+    config = load_config(str(path))
+    model, (tokens,) = causal_lm(config, batch=2, seq=64)
+    assert tokens.shape == (2, 64)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    report = fit(config, device="h100", memory=10**9, setup=GPU, batches=(2,), seqs=(64,))
+    [shape] = report.shapes
+    none = shape.candidates[0].breakdown
+    assert none is not None
+    # No T x T score matrix: flash attention keeps [B, H, T] statistics only.
+    scores = 2 * 4 * 64 * 64 * 2
+    assert none.activations < 40 * scores
+    assert shape.values > 100
+
+
+def test_a_factory_must_take_batch_and_seq() -> None:
+    with pytest.raises(FitError, match="must take the keyword arguments batch and seq"):
+        load_fit_factory("rematc.llama:make_llama")
+    build = load_fit_factory("rematc.llama:llama_tiny")
+    model, inputs = build(batch=3, seq=8)
+    assert inputs[0].shape == (3, 8) and inputs[0].device.type == "meta"
+    assert isinstance(model, torch.nn.Module)
+
+
+# ---- the command line ---------------------------------------------------------------
+
+
+def test_fit_on_the_command_line_prints_tables_json_and_a_plot(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["fit", "rematc.llama:llama_tiny", "--device", "h100", "--memory", "1MiB",
+               "--batch", "1,2", "--seq", "16", "--plot", str(tmp_path), "--time-limit", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "fastest that fits: batch" in out and "per-block checkpointing" in out
+    assert (tmp_path / "llama_tiny-fit.png").stat().st_size > 10_000
+    rc = main(["fit", "rematc.llama:llama_tiny", "--memory", "1MiB", "--batch", "2", "--seq", "16",
+               "--json", "--optimizer", "sgd", "--precision", "fp32"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0 and data["setup"]["optimizer"] == "sgd" and data["setup"]["reserve"] == 0.05
+    assert {c["strategy"] for c in data["shapes"][0]["candidates"]} == set(STRATEGIES)
+
+
+def test_fit_exits_1_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["fit", "rematc.llama:llama_tiny", "--memory", "10KiB", "--batch", "1", "--seq", "16"])
+    assert rc == 1
+    assert "nothing fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--optimizer", "lion"], "invalid choice: 'lion'"),
+    (["--memory", "80 gigs"], "is not a size"),
+    (["--memory", "50%"], "is not a size"),
+    (["--batch", "1,x"], "whole numbers"),
+])
+def test_bad_options_get_one_line_and_exit_2(args: list[str], message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fit", "rematc.llama:llama_tiny", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "is not JSON"),
+    ('{"hidden_size": 8}', "needs the field 'model_type'"),
+    ('{"model_type": "no-such-model"}', "config.json"),
+])
+def test_a_config_that_does_not_parse_gets_one_line_and_exit_2(
+        tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert main(["fit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_step_traced_with_a_symbolic_batch_is_each_batchs_own_trace() -> None:
+    """One trace serves every batch of a sweep: read again at batch b, the captured graph
+    gives the problem a trace at b gives, value for value."""
+    from rematc.llama import make_llama
+    from rematc.trace import TraceError, trace
+
+    model, inputs = make_llama("tiny", batch=2, n_layer=2)
+    for x in inputs:
+        torch._dynamo.mark_dynamic(x, 0)
+    traced = trace(model, inputs, device="h100", dtype="bfloat16", target="eager")
+    assert len(traced.batch_symbols()) == 2  # tokens and targets
+    for batch in (1, 3, 8):
+        ref_model, ref_inputs = make_llama("tiny", batch=batch, n_layer=2)
+        ref = trace(ref_model, ref_inputs, device="h100", dtype="bfloat16", target="eager").problem
+        resized = traced.at_batch(batch)
+        # Names differ: the symbolic trace numbers its inputs after the size symbols.
+        assert [(n.op, n.size, n.time, n.flops, n.deps, n.offloadable) for n in resized.nodes] == \
+               [(n.op, n.size, n.time, n.flops, n.deps, n.offloadable) for n in ref.nodes]
+    fixed = trace(*make_llama("tiny", batch=2, n_layer=2), device="h100", target="eager")
+    with pytest.raises(TraceError, match="traced at a fixed batch size"):
+        fixed.at_batch(4)
