@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from rematc.errors import NoPlanError
 from rematc.sources import SHAPES_KEY, is_factory
+from rematc.wholestep import OPTIMIZERS, PRECISIONS
 from solvers import (
     InfeasibleBudgetError,
     Plan,
@@ -54,8 +55,6 @@ SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "gree
 DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
 TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
-OPTIMIZER_NAMES = ("adamw", "adam", "sgd-momentum", "sgd")  # rematc.wholestep.OPTIMIZERS
-PRECISION_NAMES = ("fp32", "bf16-mixed", "bf16")  # rematc.wholestep.PRECISIONS
 EXIT_OK, EXIT_NO_PLAN, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -138,15 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SOURCE", help="module:function or a transformers config.json")
     p.add_argument("--device", choices=DEVICES, default="h100", help="device profile (memory, speed)")
     p.add_argument("--memory", help="device memory per rank, e.g. 80GiB (default: the profile's)")
-    p.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default="adamw")
-    p.add_argument("--precision", choices=PRECISION_NAMES, default="bf16-mixed",
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw",
+                   help="torch.optim's, at its defaults (foreach on a GPU); adamw-fused: fused=True")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed",
                    help="fp32; bf16-mixed: fp32 weights and optimizer, bf16 autocast; bf16: all bf16")
     p.add_argument("--fsdp", type=_ranged(int, low=1), default=1, help="ranks FSDP2 shards the model over")
     p.add_argument("--batch", type=_int_list, default=[1], help="micro-batches, e.g. 1,2,4,8")
     p.add_argument("--seq", type=_int_list, default=[2048], help="sequence lengths, e.g. 4096,8192")
     p.add_argument("--reserve", type=_ranged(float), help="fraction of the peak kept for the allocator's "
                    "fragmentation (default 0.05 on a GPU, 0 on the CPU)")
-    p.add_argument("--time-limit", type=_ranged(float, positive=True), default=30.0,
+    p.add_argument("--time-limit", type=_ranged(float, positive=True), default=10.0,
                    help="seconds per plan")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="DIR", help="write <name>-fit.png here: memory by part, tokens/s")

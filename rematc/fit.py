@@ -46,6 +46,7 @@ from rematc.wholestep import (
 )
 from solvers import InfeasibleBudgetError, Problem, SolverConfig
 from solvers.baselines import checkpoint_every, save_all
+from solvers.budget import format_bytes
 from solvers.planner import solve
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class FitReport:
 
 def fit(source: Factory | Any, *, device: str | DeviceProfile, memory: int | None = None,
         setup: StepSetup = DEFAULT_SETUP, batches: Sequence[int] = (1,),
-        seqs: Sequence[int] = (2048,), config: SolverConfig = SolverConfig(time_limit=30),
+        seqs: Sequence[int] = (2048,), config: SolverConfig = SolverConfig(time_limit=10),
         name: str = "model") -> FitReport:
     """Sweep ``batches`` x ``seqs`` of ``source`` (a factory or a transformers config)
     on ``device`` with ``memory`` bytes per rank (the profile's by default).
@@ -425,7 +426,7 @@ def _quiet(logger: str) -> Iterator[None]:
 
 
 def _gib(n: int | float) -> str:
-    return f"{n / 2**30:.1f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return format_bytes(n)
 
 
 # ---- reports -------------------------------------------------------------------------
@@ -443,6 +444,10 @@ def describe(report: FitReport) -> list[str]:
             f"{'optim':>7} {'activ':>7} {'other':>7}  {'added ms':>9} {'step ms':>9} {'tokens/s':>9}  status")
     lines += [head, "-" * len(head)]
     for shape in report.shapes:
+        if shape.trace_s == 0 and all(not c.fits for c in shape.candidates):  # not traced
+            lines.append(f"{shape.batch:>5} {shape.seq:>7}  {'-':<24} {'':>9} {'':>7} {'':>7} {'':>7} "
+                         f"{'':>7} {'':>7}  {'':>9} {'':>9} {'':>9}  {shape.candidates[0].status}")
+            continue
         for c in shape.candidates:
             b = c.breakdown
             if b is None:
@@ -456,6 +461,8 @@ def describe(report: FitReport) -> list[str]:
             timing = (f"{c.added_time * 1e3:>9.1f} {c.step_time * 1e3:>9.1f} {c.tokens_per_s:>9,.0f}"
                       if c.fits else f"{'':>9} {'':>9} {'':>9}")
             lines.append(f"{shape.batch:>5} {shape.seq:>7}  {c.strategy:<24} {cells}  {timing}  {c.status}")
+    lines.append("activ: the graph's peak under the plan, with the gradients it produces where grads "
+                 "shows 0; other: buffers, FSDP's units in flight, optimizer temporaries, reserve")
     traced = [x for x in report.shapes if x.trace_s]
     if traced:
         lines.append(f"traced {len(traced)} shapes in {sum(x.trace_s for x in traced):.0f} s, "

@@ -55,6 +55,9 @@ class Optimizer:
 OPTIMIZERS: dict[str, Optimizer] = {
     "adamw": Optimizer(name="adamw", state=2, foreach_temporaries=1, single_temporaries=2,
                        passes=20, step_counter=True),
+    # fused=True: one kernel per parameter group, no temporaries (CUDA only).
+    "adamw-fused": Optimizer(name="adamw-fused", state=2, foreach_temporaries=0,
+                             single_temporaries=0, passes=7, step_counter=True),
     "adam": Optimizer(name="adam", state=2, foreach_temporaries=1, single_temporaries=2,
                       passes=18, step_counter=True),
     "sgd-momentum": Optimizer(name="sgd-momentum", state=1, foreach_temporaries=0,

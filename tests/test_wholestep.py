@@ -30,6 +30,7 @@ WHOLE_STEP_TOLERANCE = 0.05
 
 MAKERS = {
     "adamw": lambda p: torch.optim.AdamW(p),
+    "adamw-fused": lambda p: torch.optim.AdamW(p, fused=True),
     "adam": lambda p: torch.optim.Adam(p),
     "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
@@ -80,7 +81,7 @@ def test_state_bytes_are_the_closed_form(optimizer: str, precision: str, itemsiz
         setup = StepSetup(optimizer=optimizer, precision=precision, device_type=device_type)
         params, grads, state = model_state_bytes(states, setup)
         counters = 4 * tensors if optimizer.startswith("adam") and device_type == "cpu" else 0
-        copies = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
+        copies = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
         assert (params, grads, state) == (n * itemsize, n * itemsize, copies * n * itemsize + counters)
 
 
