@@ -249,7 +249,8 @@ def _plan(problem: Problem, room: int, save_all_peak: int,
     try:
         result = solve(problem.with_budget(room), config)
     except InfeasibleBudgetError as e:
-        least = f"; the graph needs at least {_gib(e.min_feasible)}" if e.min_feasible else ""
+        known = "needs at least" if e.proven else "needs, by the least plan found,"
+        least = f"; the graph {known} {_gib(e.min_feasible)}" if e.min_feasible else ""
         return None, 0.0, f"no plan within {_gib(room)} of activations{least}"
     if result.report is None or result.plan is None:
         return None, 0.0, f"no plan ({result.status.name.lower()})"
