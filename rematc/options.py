@@ -67,7 +67,8 @@ class Options:
         from rematc.wholestep import OPTIMIZERS
 
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+            raise ValueError(f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
         if self.compiler not in COMPILERS:
             raise ValueError(f"option 'compiler' must be one of {COMPILERS}, got {self.compiler!r}")
         device = self.device
@@ -101,7 +102,8 @@ class Options:
     def from_mapping(options: Mapping[str, Any] | None) -> Options:
         """From ``torch.compile(..., options={...})`` or keyword arguments.
 
-        Keys: budget (bytes, a fraction, or "auto": docs/fit.md), optimizer, compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
+        Keys: budget (bytes, a fraction, or "auto": docs/fit.md), optimizer (for "auto"),
+        compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at), step_gap
         (stop once provably within this fraction of the step's time of the best plan),
         stall_time (stop once no better plan has been found for this many seconds; 0 never)
@@ -119,7 +121,7 @@ class Options:
             raise ValueError(f"rematc option names must be strings, got {bad_keys!r}")
         solver_keys = {"time_limit": "time_limit", "workers": "workers", "seed": "seed",
                        "gap": "relative_gap", "step_gap": "step_gap", "stall_time": "stall_time"}
-        own = {f.name for f in dataclasses.fields(Options)} - {"solver"}
+        own = {f.name for f in dataclasses.fields(Options)} - {"solver", "budget_origin"}
         unknown = set(options) - own - set(solver_keys) - {"deterministic"}
         if unknown:
             accepted = sorted(own | set(solver_keys) | {"deterministic"})

@@ -277,3 +277,14 @@ def test_dynamo_hands_the_backend_parameters_as_parameters() -> None:
     torch.compile(model, backend=spy)(torch.randn(2, 8))
     torch._dynamo.reset()
     assert kinds.count(True) == 2
+
+
+def test_the_auto_options_are_checked() -> None:
+    from rematc.options import Options
+
+    with pytest.raises(ValueError, match="option 'optimizer' must be one of adamw"):
+        Options.from_mapping({"budget": "auto", "optimizer": "lion"})
+    with pytest.raises(ValueError, match="unknown rematc option"):  # the backend's, not the user's
+        Options.from_mapping({"budget_origin": "mine"})
+    with pytest.raises(ValueError, match="a problem file needs bytes or a fraction"):
+        Options.from_mapping({"budget": "auto"}).budget.resolve(1000)  # type: ignore[union-attr]
