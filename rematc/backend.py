@@ -57,7 +57,7 @@ class Backend:
         self.share = BudgetShare()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        if self.options.budget is not None and self.options.budget.auto:
+        if self.options.budget is not None and self.options.budget.automatic:
             # Resolved once, at the first graph: the graphs of the step share it.
             self.options = resolve_auto_budget(self.options, example_inputs)
         partitioner = RematPartitioner(self.options, self.share)

@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -200,7 +200,7 @@ def _problems(build: Factory, model: nn.Module, inputs: Sequence[Any], batches: 
 def _states_over(states: ModelStates, setup: StepSetup, memory: int, counts: bool, *,
                  batch: int, seq: int) -> ShapeFit:
     probe = breakdown(states, setup, activations=0, activations_count_gradients=counts)
-    status = f"model states alone need {_gib(probe.peak)} of {_gib(memory)}"
+    status = f"model states alone need {_size(probe.peak)} of {_size(memory)}"
     out = tuple(Candidate(strategy=s, breakdown=probe, fits=False, added_time=0.0,
                           step_time=float("nan"), tokens_per_s=0.0, status=status) for s in STRATEGIES)
     return ShapeFit(batch=batch, seq=seq, trace_s=0.0, plan_s=0.0, values=0,
@@ -222,7 +222,7 @@ def _fit_shape(problem: Problem, trace_s: float, states: ModelStates, profile: D
                       activations_count_gradients=counts_gradients)
         fits = b.peak <= memory
         step = compute + added + opt_time
-        status = (status or "fits") if fits else f"over by {_gib(b.peak - memory)}"
+        status = (status or "fits") if fits else f"over by {_size(b.peak - memory)}"
         return Candidate(strategy=strategy, breakdown=b, fits=fits, added_time=added,
                          step_time=step, tokens_per_s=tokens / step, status=status)
 
@@ -233,29 +233,33 @@ def _fit_shape(problem: Problem, trace_s: float, states: ModelStates, profile: D
     t1 = time.perf_counter()
     planned = _plan(problem, room, everything.peak, config)
     plan_s = time.perf_counter() - t1
-    ours = (candidate("rematc", None, 0.0, planned[2]) if planned[0] is None
-            else candidate("rematc", planned[0], planned[1], planned[2]))
+    ours = candidate("rematc", planned.peak, planned.added_time, planned.status)
     out = (candidate("no recomputation", everything.peak, 0.0, ""),
            candidate("per-block checkpointing", blocks.peak, blocks.added_time, ""), ours)
     return ShapeFit(batch=batch, seq=seq, trace_s=trace_s, plan_s=plan_s,
                     values=len(problem.nodes), compute_time=compute, candidates=out)
 
 
-def _plan(problem: Problem, room: int, save_all_peak: int,
-          config: SolverConfig) -> tuple[int | None, float, str]:
-    """(graph peak, added seconds, status) of rematc's plan within ``room`` bytes."""
+class _Planned(NamedTuple):
+    peak: int | None  # the graph's peak under rematc's plan; None where none was found
+    added_time: float  # seconds
+    status: str
+
+
+def _plan(problem: Problem, room: int, save_all_peak: int, config: SolverConfig) -> _Planned:
+    """rematc's plan of ``problem`` within ``room`` bytes of activations."""
     if save_all_peak <= room:
-        return save_all_peak, 0.0, ""
+        return _Planned(save_all_peak, 0.0, "")
     try:
         result = solve(problem.with_budget(room), config)
     except InfeasibleBudgetError as e:
         known = "needs at least" if e.proven else "needs, by the least plan found,"
-        least = f"; the graph {known} {_gib(e.min_feasible)}" if e.min_feasible else ""
-        return None, 0.0, f"no plan within {_gib(room)} of activations{least}"
+        least = f"; the graph {known} {_size(e.min_feasible)}" if e.min_feasible else ""
+        return _Planned(None, 0.0, f"no plan within {_size(room)} of activations{least}")
     if result.report is None or result.plan is None:
-        return None, 0.0, f"no plan ({result.status.name.lower()})"
+        return _Planned(None, 0.0, f"no plan ({result.status.name.lower()})")
     gap = f", gap {result.gap:.0%}" if result.gap > 0.005 else ""
-    return result.report.peak, result.report.added_time, f"fits ({result.solver}{gap})"
+    return _Planned(result.report.peak, result.report.added_time, f"fits ({result.solver}{gap})")
 
 
 def gradients_outside(problem: Problem) -> Problem:
@@ -426,7 +430,7 @@ def _quiet(logger: str) -> Iterator[None]:
         lg.setLevel(level)
 
 
-def _gib(n: int | float) -> str:
+def _size(n: int | float) -> str:
     return format_bytes(n)
 
 
@@ -437,7 +441,7 @@ def describe(report: FitReport) -> list[str]:
     """The report as tables: the step's memory by part, then each shape's strategies."""
     s = report.setup
     fsdp = f", FSDP over {s.fsdp} ranks" if s.fsdp > 1 else ""
-    lines = [f"{report.source} on {report.device} ({_gib(report.memory)} per rank): "
+    lines = [f"{report.source} on {report.device} ({_size(report.memory)} per rank): "
              f"{report.parameters / 1e9:.2f} B parameters, {s.optimizer}, {s.precision}{fsdp}, "
              f"reserve {s.reserve:.0%}", ""]
     unit, scale = ("GiB", 2**30) if report.memory >= 2**30 else ("MiB", 2**20)
@@ -477,7 +481,7 @@ def describe(report: FitReport) -> list[str]:
         assert c.breakdown is not None
         lines.append(f"fastest that fits: batch {shape.batch}, seq {shape.seq}, {c.strategy}: "
                      f"{c.tokens_per_s:,.0f} tokens/s per rank, step {c.step_time * 1e3:.1f} ms, "
-                     f"peak {_gib(c.breakdown.peak)} of {_gib(report.memory)} ({c.breakdown.phase})")
+                     f"peak {_size(c.breakdown.peak)} of {_size(report.memory)} ({c.breakdown.phase})")
     return lines
 
 

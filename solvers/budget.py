@@ -42,13 +42,13 @@ class Budget:
 
     nbytes: int | None = None
     fraction: float | None = None
-    auto: bool = False
+    automatic: bool = False  # "auto"
 
     def resolve(self, unconstrained_peak: int) -> int:
         """Bytes, given the peak of the plan that saves everything."""
         if self.nbytes is not None:
             return self.nbytes
-        if self.auto:
+        if self.automatic:
             raise ValueError("budget 'auto' is a device's free memory when a graph compiles; "
                              "a problem file needs bytes or a fraction")
         assert self.fraction is not None
@@ -57,7 +57,7 @@ class Budget:
     def __str__(self) -> str:
         if self.nbytes is not None:
             return format_bytes(self.nbytes)
-        if self.auto:
+        if self.automatic:
             return "auto"
         return f"{self.fraction:.1%} of unconstrained"
 
@@ -76,7 +76,7 @@ def parse_budget(value: object) -> Budget:
         return _fraction(value, value)
     if isinstance(value, str):
         if value.strip().lower() == "auto":
-            return Budget(auto=True)
+            return Budget(automatic=True)
         if m := _PERCENT.match(value):
             return _fraction(float(m.group(1)) / 100, value)
         if m := _SIZE.match(value):

@@ -238,7 +238,7 @@ def test_auto_is_resolved_from_the_devices_free_memory_and_recorded() -> None:
     from rematc.options import Options
 
     options = Options.from_mapping({"budget": "auto", "optimizer": "sgd-momentum"})
-    assert options.budget is not None and options.budget.auto
+    assert options.budget is not None and options.budget.automatic
     with torch.device("meta"):
         weight = nn.Parameter(torch.empty(1024, 1024))
         frozen = nn.Parameter(torch.empty(10), requires_grad=False)
