@@ -312,20 +312,11 @@ def _builder(source: Factory | Any) -> Factory:
 
 def load_fit_factory(spec: str) -> Factory:
     """``module:function`` as a fit source: called as ``function(batch=B, seq=S)``."""
-    import importlib
     import inspect
-    import sys
 
-    mod_name, _, fn_name = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(mod_name)
-    except Exception as e:
-        raise FitError(f"cannot import {mod_name!r}: {type(e).__name__}: {e}") from e
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise FitError(f"{spec}: {mod_name} has no function {fn_name!r}")
+    from rematc.trace import as_example, import_function
+
+    fn = import_function(spec)
     try:
         inspect.signature(fn).bind(batch=1, seq=1)
     except (TypeError, ValueError):
@@ -336,10 +327,7 @@ def load_fit_factory(spec: str) -> Factory:
             made = fn(batch=batch, seq=seq)
         except Exception as e:
             raise FitError(f"{spec}(batch={batch}, seq={seq}) failed: {type(e).__name__}: {e}") from e
-        if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
-            raise FitError(f"{spec}() must return (model, example_inputs), got {type(made).__name__}")
-        inputs = made[1]
-        return made[0], tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        return as_example(spec, made)
 
     return build
 

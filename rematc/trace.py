@@ -191,8 +191,9 @@ def is_factory(spec: str) -> bool:
     )
 
 
-def load_factory(spec: str) -> tuple[nn.Module, tuple[Any, ...]]:
-    """Call ``package.module:function`` (found on ``sys.path`` and the working directory)."""
+def import_function(spec: str) -> Any:
+    """The function of ``package.module:function`` (found on ``sys.path`` and the working
+    directory), not called."""
     mod_name, _, fn_name = spec.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -203,14 +204,25 @@ def load_factory(spec: str) -> tuple[nn.Module, tuple[Any, ...]]:
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise TraceError(f"{spec}: {mod_name} has no function {fn_name!r}")
-    try:
-        made = fn()
-    except Exception as e:
-        raise TraceError(f"{spec}() failed: {type(e).__name__}: {_first_line(e)}") from e
+    return fn
+
+
+def as_example(spec: str, made: object) -> tuple[nn.Module, tuple[Any, ...]]:
+    """What a factory returned, checked to be ``(model, example_inputs)``."""
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
         raise TraceError(f"{spec}() must return (model, example_inputs), got {type(made).__name__}")
     inputs = made[1]
     return made[0], tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def load_factory(spec: str) -> tuple[nn.Module, tuple[Any, ...]]:
+    """Call ``package.module:function`` with no arguments."""
+    fn = import_function(spec)
+    try:
+        made = fn()
+    except Exception as e:
+        raise TraceError(f"{spec}() failed: {type(e).__name__}: {_first_line(e)}") from e
+    return as_example(spec, made)
 
 
 class _Loss(nn.Module):
