@@ -38,7 +38,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import rematc
-from bench import configs, llama, models
+from bench import configs, models
+from rematc import llama
 from rematc.memory import measure_peak
 from rematc.models import GPTConfig, make_gpt
 from solvers import Decision

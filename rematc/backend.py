@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from rematc._torch_compat import TORCH, aot_autograd, functorch_config, inductor_compile_fx
-from rematc.devices import DeviceProfile
+from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
 from rematc.generated import recording_peaks
@@ -156,8 +156,12 @@ def resolve_auto_budget(options: Options, example_inputs: Sequence[Any],
     free, total = mem_get_info(device)
     params = {id(t): t.numel() * t.element_size() for t in tensors
               if isinstance(t, torch.nn.Parameter) and t.requires_grad}
+    workspace = 0
+    if device.type == "cuda":  # the math libraries' workspaces, which a first step allocates
+        workspace = profile_for(options.device, device_type="cuda",
+                                device_name=torch.cuda.get_device_name(device)).workspace
     auto = auto_budget(free=free, total=total, parameter_bytes=sum(params.values()),
-                       optimizer=options.optimizer)
+                       optimizer=options.optimizer, workspace=workspace)
     log.info("rematc: budget %s", auto.derivation)
     return dataclasses.replace(options, budget=Budget(nbytes=auto.budget), budget_origin=auto.derivation)
 

@@ -712,6 +712,7 @@ def _fit(args: argparse.Namespace) -> int:
         except ImportError as e:
             raise UsageError(f"--plot needs matplotlib ({e}); pip install matplotlib") from None
     from rematc import fit as fitting
+    from rematc.devices import profile_for
     from rematc.wholestep import StepSetup
 
     if is_factory(args.source):
@@ -723,7 +724,8 @@ def _fit(args: argparse.Namespace) -> int:
     on_gpu = args.device != "cpu"
     setup = StepSetup(optimizer=args.optimizer, precision=args.precision, fsdp=args.fsdp,
                       device_type="cuda" if on_gpu else "cpu",
-                      reserve=args.reserve if args.reserve is not None else (0.05 if on_gpu else 0.0))
+                      reserve=args.reserve if args.reserve is not None else (0.05 if on_gpu else 0.0),
+                      workspace=profile_for(args.device).workspace)
     report = fitting.fit(source, device=args.device, memory=memory, setup=setup, batches=args.batch,
                          seqs=args.seq, config=SolverConfig(time_limit=args.time_limit), name=name)
     if args.json:

@@ -38,6 +38,11 @@ class DeviceProfile:
     attention_efficiency: float = 1.0
     # Bytes of device memory (nvidia-smi's total); 0 where it is the host's (the CPU).
     memory: int = 0
+    # Bytes the math libraries keep on the device once a training step has run: torch
+    # gives each thread that runs matmuls a cuBLAS workspace (the forward's and autograd's
+    # backward thread), 32 MiB each on Hopper and 8.125 MiB before it, by torch's default
+    # CUBLAS_WORKSPACE_CONFIG. Measured on an H100 with torch 2.11: 66 MiB (docs/fit.md).
+    workspace: int = 0
 
     def peak_flops(self, itemsize: int) -> float:
         return self.flops_16bit if itemsize <= 2 else self.flops_fp32
@@ -60,6 +65,11 @@ TRANSCENDENTAL_WEIGHT: dict[str, float] = {
 }
 
 
+# DeviceProfile.workspace: Hopper's as measured (two 32 MiB cuBLAS workspaces and 2 MiB
+# more); before Hopper the same with torch's smaller default workspace, not measured.
+_HOPPER_WORKSPACE = 66 * 2**20
+_PRE_HOPPER_WORKSPACE = 2 * (8 * 2**20 + 128 * 2**10) + 2 * 2**20
+
 PROFILES: dict[str, DeviceProfile] = {
     # A 2-core x86 cloud VM with one thread, calibrated there (docs/architecture.md,
     # "2. annotate"). CPU "offload" would be host-to-host, so there is no host tier.
@@ -68,16 +78,20 @@ PROFILES: dict[str, DeviceProfile] = {
                          attention_efficiency=0.45),
     # NVIDIA datasheets: A100 SXM 80GB (TF32 156 TF, bf16 312 TF, 2.04 TB/s, PCIe 4 x16).
     "a100": DeviceProfile(name="a100", flops_fp32=156e12, flops_16bit=312e12, mem_bandwidth=2.04e12,
-                          host_bandwidth=25e9, launch_overhead=5e-6, memory=81920 * 2**20),
+                          host_bandwidth=25e9, launch_overhead=5e-6, memory=81920 * 2**20,
+                          workspace=_PRE_HOPPER_WORKSPACE),
     # H100 SXM (TF32 495 TF, bf16 989 TF dense, 3.35 TB/s, PCIe 5 x16).
     "h100": DeviceProfile(name="h100", flops_fp32=495e12, flops_16bit=989e12, mem_bandwidth=3.35e12,
-                          host_bandwidth=50e9, launch_overhead=5e-6, memory=81559 * 2**20),
+                          host_bandwidth=50e9, launch_overhead=5e-6, memory=81559 * 2**20,
+                          workspace=_HOPPER_WORKSPACE),
     # H200 SXM: H100 compute with 4.8 TB/s HBM3e.
     "h200": DeviceProfile(name="h200", flops_fp32=495e12, flops_16bit=989e12, mem_bandwidth=4.8e12,
-                          host_bandwidth=50e9, launch_overhead=5e-6, memory=143771 * 2**20),
+                          host_bandwidth=50e9, launch_overhead=5e-6, memory=143771 * 2**20,
+                          workspace=_HOPPER_WORKSPACE),
     # L4 (TF32 60 TF, bf16 121 TF, 300 GB/s, PCIe 4 x16).
     "l4": DeviceProfile(name="l4", flops_fp32=60e12, flops_16bit=121e12, mem_bandwidth=300e9,
-                        host_bandwidth=25e9, launch_overhead=5e-6, memory=23034 * 2**20),
+                        host_bandwidth=25e9, launch_overhead=5e-6, memory=23034 * 2**20,
+                        workspace=_PRE_HOPPER_WORKSPACE),
 }
 
 

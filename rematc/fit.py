@@ -200,7 +200,7 @@ def _problems(build: Factory, model: nn.Module, inputs: Sequence[Any], batches: 
 def _states_over(states: ModelStates, setup: StepSetup, memory: int, counts: bool, *,
                  batch: int, seq: int) -> ShapeFit:
     probe = breakdown(states, setup, activations=0, activations_count_gradients=counts)
-    status = f"model states alone need {_size(probe.peak)} of {_size(memory)}"
+    status = f"model states and workspaces alone need {_size(probe.peak)} of {_size(memory)}"
     out = tuple(Candidate(strategy=s, breakdown=probe, fits=False, added_time=0.0,
                           step_time=float("nan"), tokens_per_s=0.0, status=status) for s in STRATEGIES)
     return ShapeFit(batch=batch, seq=seq, trace_s=0.0, plan_s=0.0, values=0,
@@ -447,7 +447,8 @@ def describe(report: FitReport) -> list[str]:
                 cells = f"{'-':>9} {'':>7} {'':>7} {'':>7} {'':>7} {'':>7}"
             else:
                 parts = b.parts()
-                other = parts["buffers"] + parts["FSDP buffers"] + parts["optimizer temporaries"] + parts["reserve"]
+                other = sum(parts[k] for k in ("buffers", "FSDP buffers", "optimizer temporaries", "workspaces",
+                                               "reserve"))
                 cells = (f"{b.peak / scale:>9.1f} {parts['parameters'] / scale:>7.1f} "
                          f"{parts['gradients'] / scale:>7.1f} {parts['optimizer state'] / scale:>7.1f} "
                          f"{parts['activations'] / scale:>7.1f} {other / scale:>7.1f}")
@@ -455,7 +456,8 @@ def describe(report: FitReport) -> list[str]:
                       if c.fits else f"{'':>9} {'':>9} {'':>9}")
             lines.append(f"{shape.batch:>5} {shape.seq:>7}  {c.strategy:<24} {cells}  {timing}  {c.status}")
     lines.append("activ: the graph's peak under the plan, with the gradients it produces where grads "
-                 "shows 0; other: buffers, FSDP's units in flight, optimizer temporaries, reserve")
+                 "shows 0; other: buffers, FSDP's units in flight, optimizer temporaries, the math "
+                 "libraries' workspaces, reserve")
     traced = [x for x in report.shapes if x.trace_s]
     if traced:
         lines.append(f"traced {len(traced)} shapes in {sum(x.trace_s for x in traced):.0f} s, "
@@ -483,7 +485,7 @@ def save_plot(report: FitReport, path: str) -> None:
     bars, speed = fig.subplots(1, 2, width_ratios=(3, 1))
     labels: list[str] = []
     names = ("parameters", "gradients", "optimizer state", "buffers", "activations",
-             "FSDP buffers", "optimizer temporaries", "reserve")
+             "FSDP buffers", "optimizer temporaries", "workspaces", "reserve")
     rows: list[dict[str, int]] = []
     short = {"no recomputation": "none", "per-block checkpointing": "ckpt", "rematc": "rematc"}
     for shape in report.shapes:

@@ -46,7 +46,10 @@ class Optimizer:
     single_temporaries: int
     # Passes over a parameter-sized tensor its step makes (reads + writes), for its time.
     passes: int
-    step_counter: bool  # one 4-byte CPU scalar per parameter (Adam's "step")
+    # One 4-byte scalar per parameter (Adam's "step"): in host memory for the foreach and
+    # per-tensor steps, so counted on the CPU only; on the parameter's device when fused.
+    step_counter: bool
+    fused: bool = False
 
 
 # From torch.optim's _multi_tensor_* and _single_tensor_* step functions, default
@@ -57,7 +60,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
                        passes=20, step_counter=True),
     # fused=True: one kernel per parameter group, no temporaries (CUDA only).
     "adamw-fused": Optimizer(name="adamw-fused", state=2, foreach_temporaries=0,
-                             single_temporaries=0, passes=7, step_counter=True),
+                             single_temporaries=0, passes=7, step_counter=True, fused=True),
     "adam": Optimizer(name="adam", state=2, foreach_temporaries=1, single_temporaries=2,
                       passes=18, step_counter=True),
     "sgd-momentum": Optimizer(name="sgd-momentum", state=1, foreach_temporaries=0,
@@ -82,6 +85,8 @@ class StepSetup:
     # Fraction of the peak kept free for the allocator's fragmentation: 0 on the CPU
     # (malloc returns what it frees), 5% by default on a GPU (rematc fit --reserve).
     reserve: float = 0.0
+    # Bytes the math libraries keep on the device (DeviceProfile.workspace); 0 on the CPU.
+    workspace: int = 0
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -202,6 +207,7 @@ class Breakdown:
     activations_count_gradients: bool
     optimizer_temporaries: int
     fsdp_buffers: int = 0  # gathered parameters and unsharded gradients in flight
+    workspace: int = 0  # the math libraries' workspaces, held from the first step on
     reserve_fraction: float = 0.0
     notes: tuple[str, ...] = field(default=())
 
@@ -212,11 +218,11 @@ class Breakdown:
     @property
     def backward_peak(self) -> int:
         grads = 0 if self.activations_count_gradients else self.gradients
-        return self.states + grads + self.activations + self.fsdp_buffers
+        return self.states + self.workspace + grads + self.activations + self.fsdp_buffers
 
     @property
     def optimizer_peak(self) -> int:
-        return self.states + self.gradients + self.optimizer_temporaries
+        return self.states + self.workspace + self.gradients + self.optimizer_temporaries
 
     @property
     def phase(self) -> str:
@@ -248,6 +254,7 @@ class Breakdown:
             "activations": self.activations if backward else 0,
             "FSDP buffers": self.fsdp_buffers if backward else 0,
             "optimizer temporaries": 0 if backward else self.optimizer_temporaries,
+            "workspaces": self.workspace,
             "reserve": self.reserve,
         }
 
@@ -256,7 +263,8 @@ def model_state_bytes(states: ModelStates, setup: StepSetup) -> tuple[int, int, 
     """Bytes of one rank's parameters, gradients and optimizer state."""
     opt = OPTIMIZERS[setup.optimizer]
     shard = states.sharded(setup.fsdp) * setup.state_itemsize
-    counters = 4 * len(states.shapes) if opt.step_counter and setup.device_type == "cpu" else 0
+    on_device = setup.device_type == "cpu" or opt.fused
+    counters = 4 * len(states.shapes) if opt.step_counter and on_device else 0
     return shard, shard, opt.state * shard + counters
 
 
@@ -289,7 +297,8 @@ def breakdown(states: ModelStates, setup: StepSetup, *, activations: int,
         activations=activations,
         activations_count_gradients=activations_count_gradients and setup.fsdp == 1,
         optimizer_temporaries=optimizer_temporaries(states, setup),
-        fsdp_buffers=fsdp_buffers(states, setup), reserve_fraction=setup.reserve,
+        fsdp_buffers=fsdp_buffers(states, setup), workspace=setup.workspace,
+        reserve_fraction=setup.reserve,
     )
 
 
@@ -325,21 +334,23 @@ class AutoBudget:
 
 
 def auto_budget(*, free: int, total: int, parameter_bytes: int, optimizer: str = "adamw",
-                reserve: float = AUTO_RESERVE) -> AutoBudget:
+                reserve: float = AUTO_RESERVE, workspace: int = 0) -> AutoBudget:
     """The budget for a graph compiled with ``free`` of ``total`` device bytes free, whose
     trainable parameters hold ``parameter_bytes``: the free memory less the reserve, the
-    optimizer state its first step will allocate and that step's foreach temporaries
-    (docs/fit.md, "budget='auto'"). Gradients need nothing here: the graph's peak counts
-    them as its backward produces them. Raises ``ValueError`` where nothing is left."""
+    optimizer state its first step will allocate, that step's foreach temporaries and the
+    math libraries' ``workspace`` (docs/fit.md, "budget='auto'"). Gradients need nothing
+    here: the graph's peak counts them as its backward produces them. Raises
+    ``ValueError`` where nothing is left."""
     opt = OPTIMIZERS.get(optimizer)
     if opt is None:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}")
     kept = math.ceil(reserve * total)
     state = opt.state * parameter_bytes
     temporaries = opt.foreach_temporaries * parameter_bytes
-    budget = free - kept - state - temporaries
+    budget = free - kept - state - temporaries - workspace
     derivation = (f"auto: {free} B free of {total} B, less a {reserve:.0%} reserve ({kept} B), "
-                  f"{optimizer}'s state ({state} B) and its step's temporaries ({temporaries} B)")
+                  f"{optimizer}'s state ({state} B), its step's temporaries ({temporaries} B) "
+                  f"and the math libraries' workspaces ({workspace} B)")
     if budget <= 0:
         raise ValueError(f"budget='auto' leaves nothing for activations: {derivation}; "
                          "free memory, shard the model (FSDP) or use a lighter optimizer")

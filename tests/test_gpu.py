@@ -6,6 +6,7 @@ is compared with the predicted one, which the test prints."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ pytestmark = [
 ]
 
 CONFIG = GPTConfig(n_layer=4, d_model=256, n_head=4, seq_len=256, vocab=2048, dropout=0.1)
+CONFIG_NO_DROPOUT = dataclasses.replace(CONFIG, dropout=0.0)
 SLACK = 1.01  # the caching allocator rounds each block up to 512 bytes
 
 
@@ -61,6 +63,30 @@ def test_measured_cuda_peak_within_budget(budget: float, offload: bool,
     assert abs(peak - record.predicted_peak) <= 0.05 * peak, f"predicted {record.predicted_peak} B"
     if not offload:
         assert not record.plan.of(Decision.OFFLOAD)
+
+
+def test_offload_plan_in_bf16_gives_eagers_gradients_on_cuda() -> None:
+    """Offloads run on a copy stream and the wait never frees its source: Inductor gives a
+    buffer past its last use (the wait) to a later kernel, and a wait that freed the source's
+    storage made that kernel write into freed memory (an illegal memory access on an H100)."""
+    def fresh() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        return make_gpt(CONFIG_NO_DROPOUT, batch=8, seed=0, device="cuda")
+
+    def bf16(fn):  # type: ignore[no-untyped-def]
+        def call(*args: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return fn(*args)
+        return call
+
+    model, inputs = fresh()
+    reference = run_step(model, bf16(model), inputs)
+    model, inputs = fresh()
+    compiled = rematc.compile(model, budget=0.3, host_bandwidth=1e13)  # copies cost nothing
+    for _ in range(2):  # the second step runs the compiled code only
+        result = run_step(model, bf16(compiled), inputs)
+    record = rematc.records()[-1]
+    assert record.plan is not None and record.plan.of(Decision.OFFLOAD)
+    assert_same_step(reference, result, rtol=2e-2, atol=2e-3)
 
 
 class CheckpointedDropout(torch.nn.Module):

@@ -3,6 +3,7 @@ against torch's own optimizers, and the whole step predicted against measured on
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -80,7 +81,8 @@ def test_state_bytes_are_the_closed_form(optimizer: str, precision: str, itemsiz
     for device_type in ("cpu", "cuda"):
         setup = StepSetup(optimizer=optimizer, precision=precision, device_type=device_type)
         params, grads, state = model_state_bytes(states, setup)
-        counters = 4 * tensors if optimizer.startswith("adam") and device_type == "cpu" else 0
+        on_device = device_type == "cpu" or optimizer == "adamw-fused"  # fused keeps them on the GPU
+        counters = 4 * tensors if optimizer.startswith("adam") and on_device else 0
         copies = {"adamw": 2, "adamw-fused": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
         assert (params, grads, state) == (n * itemsize, n * itemsize, copies * n * itemsize + counters)
 
@@ -231,6 +233,20 @@ def test_the_auto_budget_leaves_the_reserve_the_state_and_the_step() -> None:
                        optimizer="sgd").budget == 66 * 2**30
     with pytest.raises(ValueError, match="leaves nothing for activations"):
         auto_budget(free=2**30, total=80 * 2**30, parameter_bytes=2**30)
+    with_workspace = auto_budget(free=70 * 2**30, total=80 * 2**30, parameter_bytes=2**30,
+                                 workspace=66 * 2**20)
+    assert with_workspace.budget == 63 * 2**30 - 66 * 2**20
+    assert "workspaces (69206016 B)" in with_workspace.derivation
+
+
+def test_the_workspaces_are_held_in_both_phases() -> None:
+    states = model_states(Blocks())
+    setup = StepSetup(device_type="cuda")
+    plain = breakdown(states, setup, activations=10**6, activations_count_gradients=True)
+    held = breakdown(states, dataclasses.replace(setup, workspace=66 * 2**20), activations=10**6,
+                     activations_count_gradients=True)
+    assert held.backward_peak - plain.backward_peak == held.optimizer_peak - plain.optimizer_peak == 66 * 2**20
+    assert held.parts()["workspaces"] == 66 * 2**20 and sum(held.parts().values()) == held.peak
 
 
 def test_auto_is_resolved_from_the_devices_free_memory_and_recorded() -> None:
