@@ -75,6 +75,7 @@ __all__ = [
     "functorch_config",
     "fx_graph_cse",
     "get_hash_for_files",
+    "guards_broken_at",
     "has_ao_offload",
     "inductor_allocate_line",
     "inductor_choices",
@@ -147,6 +148,21 @@ def sizes_at(shape_env: Any, values: dict[Any, int]) -> Iterator[None]:
         _RESIZED.discard(id(shape_env))
         hints.clear()
         hints.update(saved)
+
+
+def guards_broken_at(shape_env: Any, values: dict[Any, int]) -> str:
+    """The first guard ``shape_env`` recorded on its sizes (a branch the traced code took
+    on them) that does not hold with its symbols at ``values`` and the rest at their traced
+    values, as text; "" where every one holds."""
+    import sympy
+
+    hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    at = {**hints, **{s: sympy.Integer(v) for s, v in values.items()}}
+    for guard in shape_env.guards:
+        expr = shape_env.replace(guard.expr)  # symbols found equal to others, as the others
+        if expr.xreplace(at) != sympy.true:  # false, or not decided: not known to hold
+            return str(guard.expr)
+    return ""
 
 
 def _is_opaque_node_211(node: Any) -> bool:

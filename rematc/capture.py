@@ -142,7 +142,8 @@ def _start(joint: fx.GraphModule, costs: dict[fx.Node, NodeCost], num_fwd_output
     """The forward split as PyTorch's partitioners split it, and the step's outputs."""
     info = classify_nodes(joint, list(static_lifetime_input_indices), num_fwd_outputs)
     nodes: list[fx.Node] = [n for n in joint.graph.nodes if n.op != "output"]
-    fwd = {n for n in nodes if n in info.required_fw_nodes or is_primal(n) or is_fwd_seed_offset(n)}
+    required = set(info.required_fw_nodes)  # a list in some torch versions: not searched per node
+    fwd = {n for n in nodes if n in required or is_primal(n) or is_fwd_seed_offset(n)}
     # An element of a forward multi-output op is forward too, even when only the backward
     # reads it: the tuple itself cannot cross into the backward, its elements can.
     fwd |= {n for n in nodes if n.target is operator.getitem and n.args[0] in fwd}

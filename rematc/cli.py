@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=_int_list, default=[2048], help="sequence lengths, e.g. 4096,8192")
     p.add_argument("--reserve", type=_ranged(float), help="fraction of the peak kept for the allocator's "
                    "fragmentation (default 0.05 on a GPU, 0 on the CPU)")
-    p.add_argument("--time-limit", type=_ranged(float, positive=True), default=10.0,
-                   help="seconds per plan")
+    p.add_argument("--time-limit", type=_ranged(float, positive=True),
+                   help="seconds per plan (default 6)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="DIR", help="write <name>-fit.png here: memory by part, tokens/s")
     return parser
@@ -727,7 +727,9 @@ def _fit(args: argparse.Namespace) -> int:
                       reserve=args.reserve if args.reserve is not None else (0.05 if on_gpu else 0.0),
                       workspace=profile_for(args.device).workspace)
     report = fitting.fit(source, device=args.device, memory=memory, setup=setup, batches=args.batch,
-                         seqs=args.seq, config=SolverConfig(time_limit=args.time_limit), name=name)
+                         seqs=args.seq, name=name,
+                         config=(fitting.DEFAULT_CONFIG if args.time_limit is None
+                                 else SolverConfig(time_limit=args.time_limit)))
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

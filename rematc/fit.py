@@ -47,6 +47,7 @@ from rematc.wholestep import (
 from solvers import InfeasibleBudgetError, Problem, SolverConfig
 from solvers.baselines import checkpoint_every, save_all
 from solvers.budget import format_bytes
+from solvers.chain import sharing_options
 from solvers.planner import solve
 
 if TYPE_CHECKING:
@@ -57,6 +58,11 @@ log = logging.getLogger(__name__)
 Factory = Callable[..., tuple[nn.Module, Sequence[Any]]]
 STRATEGIES = ("no recomputation", "per-block checkpointing", "rematc")
 DEFAULT_SETUP = StepSetup()
+# Seconds of planning per shape of a sweep. The batches of one sequence length share their
+# blocks' options, so most shapes spend it on the chain-level choice: on the Llama-2-7B
+# sweep of docs/fit.md, 6 s gave tokens/s within 0.5% of 10 s's at every shape, about as
+# much as runs of either differ (the searches stop on the wall clock).
+DEFAULT_CONFIG = SolverConfig(time_limit=6.0)
 
 
 class FitError(ValueError):
@@ -126,75 +132,101 @@ class FitReport:
 
 def fit(source: Factory | Any, *, device: str | DeviceProfile, memory: int | None = None,
         setup: StepSetup = DEFAULT_SETUP, batches: Sequence[int] = (1,),
-        seqs: Sequence[int] = (2048,), config: SolverConfig = SolverConfig(time_limit=10),
+        seqs: Sequence[int] = (2048,), config: SolverConfig = DEFAULT_CONFIG,
         name: str = "model") -> FitReport:
     """Sweep ``batches`` x ``seqs`` of ``source`` (a factory or a transformers config)
     on ``device`` with ``memory`` bytes per rank (the profile's by default).
 
-    Each sequence length is traced once where three or more batches share it: with the
-    batch dimension symbolic, each batch's problem is the captured graph read again at
-    that size (:meth:`rematc.trace.Traced.at_batch`), not a new trace."""
+    A sweep of three shapes or more is traced once, at the longest sequence, with the
+    inputs' batch dimension symbolic where batches vary and their sequence dimension where
+    sequence lengths do: each shape's problem is the captured graph read again at its sizes
+    (:meth:`rematc.trace.Traced.at_sizes`), not a new trace. A shape at which a branch the
+    trace took on its sizes does not hold is traced on its own."""
     profile = profile_for(device)
     memory = memory if memory is not None else profile.memory
     if not memory:
         raise FitError(f"the {profile.name} profile states no device memory; give the memory per rank")
     build = _builder(source)
+    # Dynamo specializes a dimension of size 1: the symbolic trace is at batch >= 2. It is
+    # at the longest sequence, where tables sliced to the sequence (rotary) hold every one.
+    first = min((b for b in batches if b >= 2), default=2)
+    model, inputs = build(batch=first, seq=max(seqs))
+    states = model_states(model)
+    on_meta = any(t.device.type == "meta" for t in model.parameters())
+    # Autocast does not act on meta tensors: there a bf16-mixed step is traced in bf16,
+    # and its fp32 gradients are added beside the graph instead of inside it.
+    counts = setup.fsdp == 1 and not (on_meta and setup.precision == "bf16-mixed")
+    room = activation_room(states, setup, memory, activations_count_gradients=counts)
     shapes: list[ShapeFit] = []
-    parameters = 0
-    for seq in seqs:
-        # Dynamo specializes a dimension of size 1: the symbolic trace is at batch >= 2.
-        first = min((b for b in batches if b >= 2), default=2)
-        model, inputs = build(batch=first, seq=seq)
-        states = model_states(model)
-        parameters = states.count
-        on_meta = any(t.device.type == "meta" for t in model.parameters())
-        # Autocast does not act on meta tensors: there a bf16-mixed step is traced in bf16,
-        # and its fp32 gradients are added beside the graph instead of inside it.
-        counts = setup.fsdp == 1 and not (on_meta and setup.precision == "bf16-mixed")
-        room = activation_room(states, setup, memory, activations_count_gradients=counts)
-        if room < 0:
-            shapes += [_states_over(states, setup, memory, counts, batch=b, seq=seq) for b in batches]
-            continue
-        problems = _problems(build, model, inputs, batches, first, seq=seq, profile=profile,
-                             setup=setup, name=f"{name}-s{seq}")
-        for batch in batches:
-            problem, trace_s = problems[batch]
-            if not counts:
-                problem = gradients_outside(problem)
-            shapes.append(_fit_shape(problem, trace_s, states, profile, memory, room, setup, config,
-                                     counts_gradients=counts, batch=batch, seq=seq))
+    if room < 0:
+        shapes += [_states_over(states, setup, memory, counts, batch=b, seq=q) for q in seqs for b in batches]
+    else:
+        problems = _problems(build, model, inputs, batches, seqs, first, profile=profile, setup=setup,
+                             name=name)
+        for seq in seqs:
+            # The batches of one sequence length differ in sizes alone: each repeated block
+            # is searched at the first batch that needs a plan, its options re-judged at the rest.
+            with sharing_options():
+                for batch in batches:
+                    problem, trace_s = problems[batch, seq]
+                    if not counts:
+                        problem = gradients_outside(problem)
+                    shapes.append(_fit_shape(problem, trace_s, states, profile, memory, room, setup, config,
+                                             counts_gradients=counts, batch=batch, seq=seq))
     return FitReport(source=name, device=profile.name, memory=memory, setup=setup,
-                     parameters=parameters, shapes=tuple(shapes))
+                     parameters=states.count, shapes=tuple(shapes))
 
 
 def _problems(build: Factory, model: nn.Module, inputs: Sequence[Any], batches: Sequence[int],
-              first: int, *, seq: int, profile: DeviceProfile, setup: StepSetup,
-              name: str) -> dict[int, tuple[Problem, float]]:
-    """Each batch's problem and the seconds its share of tracing took (``model`` and
-    ``inputs`` are the step at batch ``first``)."""
-    dynamic = len(set(batches)) >= 3
-    if dynamic:
+              seqs: Sequence[int], first: int, *, profile: DeviceProfile, setup: StepSetup,
+              name: str) -> dict[tuple[int, int], tuple[Problem, float]]:
+    """Each (batch, seq)'s problem and the seconds its share of tracing took (``model``
+    and ``inputs`` are the step at batch ``first`` and the longest sequence)."""
+    from rematc.trace import TraceError
+
+    longest = max(seqs)
+    shapes = [(b, q) for q in dict.fromkeys(seqs) for b in dict.fromkeys(batches)]
+    dims: dict[int, str] = {}
+    if len(shapes) >= 3:
+        if len(set(batches)) > 1:
+            dims = {d: "batch" for d in _varying(inputs, build(batch=first + 1, seq=longest)[1])}
+        if len(set(seqs)) > 1:
+            other = min(seqs)
+            dims.update({d: "seq" for d in _varying(inputs, build(batch=first, seq=other)[1])})
+    out: dict[tuple[int, int], tuple[Problem, float]] = {}
+    if dims and sorted(dims.items()) in ([(0, "batch")], [(0, "batch"), (1, "seq")], [(1, "seq")]):
         for x in inputs:
-            if isinstance(x, Tensor) and x.dim() > 0:
-                torch._dynamo.mark_dynamic(x, 0)
+            for d in dims:
+                if isinstance(x, Tensor) and x.dim() > d:
+                    torch._dynamo.mark_dynamic(x, d)
         t0 = time.perf_counter()
         traced = trace_step(model, inputs, profile=profile, setup=setup, name=name)
-        if traced.batch_symbols():
-            shared = (time.perf_counter() - t0) / len(set(batches))
-            out = {}
-            for b in batches:
-                t1 = time.perf_counter()
-                out[b] = (traced.at_batch(b), shared + time.perf_counter() - t1)
-            return out
-        log.info("rematc fit: %s specializes its batch size: tracing each batch", name)
-    out = {}
-    for b in batches:
-        # The step at ``first`` serves its own trace, unless a symbolic one used it.
-        step = (model, inputs) if b == first and not dynamic else build(batch=b, seq=seq)
+        shared = (time.perf_counter() - t0) / len(shapes)
+        for b, q in shapes:
+            t1 = time.perf_counter()
+            sizes = {d: b if what == "batch" else q for d, what in dims.items()}
+            try:
+                out[b, q] = (traced.at_sizes(sizes), shared + time.perf_counter() - t1)
+            except TraceError as e:  # specialized, or a branch on the sizes: its own trace
+                log.info("rematc fit: %s at batch %d, seq %d: %s", name, b, q, e)
+    elif dims:
+        log.info("rematc fit: %s: the inputs' sizes vary in dimensions %s, not batch first and "
+                 "sequence second: tracing each shape", name, dims)
+    for b, q in shapes:
+        if (b, q) in out:
+            continue
+        step = (model, inputs) if (b, q) == (first, longest) and not dims else build(batch=b, seq=q)
         t0 = time.perf_counter()
-        out[b] = (trace_step(*step, profile=profile, setup=setup, name=f"{name}-b{b}").problem,
-                  time.perf_counter() - t0)
+        out[b, q] = (trace_step(*step, profile=profile, setup=setup, name=f"{name}-b{b}-s{q}").problem,
+                     time.perf_counter() - t0)
     return out
+
+
+def _varying(inputs: Sequence[Any], other: Sequence[Any]) -> set[int]:
+    """The dimensions in which the tensors of two calls' inputs differ in size."""
+    return {d for x, y in zip(inputs, other, strict=False)
+            if isinstance(x, Tensor) and isinstance(y, Tensor) and x.dim() == y.dim()
+            for d in range(x.dim()) if x.shape[d] != y.shape[d]}
 
 
 def _states_over(states: ModelStates, setup: StepSetup, memory: int, counts: bool, *,

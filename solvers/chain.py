@@ -44,6 +44,13 @@ checker, which stays the judge. Where the changes do not add up exactly (windows
 interleave) and the checker finds the plan over budget, the chain model is solved again
 with the budget lowered by the excess.
 
+Options found before. Inside :func:`sharing_options`, the options of each cut are kept
+by its *structure* (its ops, reads and flags, without sizes or times), and a cut of the
+same structure in a later problem, such as the same step traced once and read again at
+another batch size, re-judges those options' decisions with the checker on its own
+sizes and times instead of searching again: at sizes that all scale together, the
+cheapest plan under a budget scaled likewise takes the same decisions.
+
 A plan recomputes each value at most once: a boundary recomputed inside a span is
 recomputed with the segment before it for the backward of the segment after it, and that
 segment's values then live until their own backward. The chain model reaches every plan
@@ -54,18 +61,20 @@ plans that keep one boundary in up to ``SPAN``.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import functools
 import hashlib
 import math
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
 from solvers.baselines import free_plan, plan_with, segment_boundaries
 from solvers.checker import Report, check
-from solvers.plan import Decision, Plan, plan_from_decisions
+from solvers.plan import Decision, Plan, PlanError, plan_from_decisions
 from solvers.problem import Copy, Node, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import make_solver
@@ -154,10 +163,20 @@ class Cut:
     @property
     def signature(self) -> str:
         """Equal for segments of the same shape: the same ops, sizes, costs and reads."""
+        return self._digest(sized=True)
+
+    @property
+    def structure(self) -> str:
+        """Equal for segments of the same structure: :attr:`signature` without sizes and
+        costs (the same segment at another batch size has the same structure)."""
+        return self._digest(sized=False)
+
+    def _digest(self, *, sized: bool) -> str:
         h = hashlib.blake2b(digest_size=16)
         for n in self.problem.nodes:
             size = 0 if n.resident else n.size  # a resident value costs nothing
-            h.update(repr((n.op, n.deps, n.backward, size, round(n.time, 15), n.flops,
+            costs = (size, round(n.time, 15), n.flops) if sized else ()
+            h.update(repr((n.op, n.deps, n.backward, *costs,
                            n.recomputable, n.offloadable, n.resident, n.keep, n.overwrites,
                            sorted(c.value for c in n.overwrites_copies),
                            sorted(c.value for c in n.unstored))).encode())
@@ -232,11 +251,7 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
     from solvers import planner  # cpsat seeds its search with this module's plans
 
     p = c.problem
-    recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
-    plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable - c.boundaries)),
-                                     ("save", plan_with(p, set())), ("free", free_plan(p))]
-    if c.boundaries:
-        plans.append(("recompute-all", plan_with(p, recomputable)))
+    plans = _fixed_plans(c)
     low = plans[0][1]
     if _in_time(deadline, config):
         least = planner.min_feasible_peak(p, replace(config, time_limit=_left(deadline, config)))
@@ -255,6 +270,22 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
             continue
         if r.plan is not None:
             plans.append((f"cpsat@{k}/{SWEEP}", r.plan))
+    return _judged(p, plans)
+
+
+def _fixed_plans(c: Cut) -> list[tuple[str, Plan]]:
+    """The options every cut has, reference first (:func:`options`)."""
+    p = c.problem
+    recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
+    plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable - c.boundaries)),
+                                     ("save", plan_with(p, set())), ("free", free_plan(p))]
+    if c.boundaries:
+        plans.append(("recompute-all", plan_with(p, recomputable)))
+    return plans
+
+
+def _judged(p: Problem, plans: Sequence[tuple[str, Plan]]) -> list[Option]:
+    """Each plan as an option, by the checker; the first, then the Pareto set of all."""
     out: list[Option] = []
     for source, plan in plans:
         report = check(p, plan)
@@ -262,6 +293,49 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
         out.append(Option(dict(plan.decisions), {t.node: (t.offload_at, t.reload_at) for t in plan.transfers},
                           report.added_time, saved, report.timeline, source))
     return [out[0], *(o for o in _pareto(out) if o is not out[0])]
+
+
+def rejudged(c: Cut, known: Sequence[Option]) -> list[Option]:
+    """The options of ``c`` from those of a cut of the same structure (:attr:`Cut.structure`):
+    its own fixed ones, and each searched one's decisions judged again on ``c``'s sizes
+    and times. A decision set that no longer makes a valid plan here is dropped."""
+    p = c.problem
+    plans = _fixed_plans(c)
+    fixed = {source for source, _ in plans}
+    for o in known:
+        if o.source in fixed:
+            continue
+        try:
+            plan = plan_from_decisions(p, o.decisions, o.transfers)
+            check(p, plan)
+        except PlanError:
+            continue
+        plans.append((o.source, plan))
+    return _judged(p, plans)
+
+
+class OptionBank:
+    """Options of cuts planned before, by :attr:`Cut.structure` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.by_structure: dict[str, list[Option]] = {}
+        self.reused = 0  # cuts whose options came from here
+
+
+_BANK: contextvars.ContextVar[OptionBank | None] = contextvars.ContextVar("chain_option_bank", default=None)
+
+
+@contextlib.contextmanager
+def sharing_options() -> Iterator[OptionBank]:
+    """Within the block, :func:`build_chain` keeps each cut's options by its structure and
+    re-judges them for a cut of the same structure (module docstring), in this context
+    only. For problems that differ in sizes alone, such as one step at several batch sizes."""
+    bank = OptionBank()
+    token = _BANK.set(bank)
+    try:
+        yield bank
+    finally:
+        _BANK.reset(token)
 
 
 def _left(deadline: float, config: SolverConfig) -> float:
@@ -370,13 +444,16 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> 
 def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
                 deadline: float | None = None) -> Chain | None:
     """The chain of ``problem`` with its spans' options, or None where it has none. Spans
-    of one segment are planned first; longer ones, shortest first, while time is left."""
+    of one segment are planned first; longer ones, shortest first, while time is left.
+    Inside :func:`sharing_options`, options are re-judged where a cut's structure was
+    planned before."""
     segments = find_segments(problem)
     if len(segments) < 2:
         return None
     deadline = deadline if deadline is not None else time.perf_counter() + config.time_limit * OPTION_SHARE
     interior = {v for seg in segments for v in seg.interior if problem.nodes[v].recomputable}
     saved = frozenset(plan_with(problem, interior).of(Decision.SAVE))  # by the reference R
+    bank = _BANK.get()
     spans: list[tuple[int, int]] = []
     cuts: list[Cut] = []
     by_shape: dict[str, list[Option]] = {}
@@ -392,9 +469,16 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
             if length > 1 and not c.boundaries:
                 continue  # no boundary inside to decide: the one-segment spans say it all
             if c.signature not in by_shape:
-                if length > 1 and not _in_time(deadline, config):
-                    continue
-                by_shape[c.signature] = options(c, config, deadline=deadline)
+                known = bank.by_structure.get(c.structure) if bank is not None else None
+                if known is not None:
+                    by_shape[c.signature] = rejudged(c, known)
+                    bank.reused += 1  # type: ignore[union-attr]
+                else:
+                    if length > 1 and not _in_time(deadline, config):
+                        continue
+                    by_shape[c.signature] = options(c, config, deadline=deadline)
+                    if bank is not None:
+                        bank.by_structure[c.structure] = by_shape[c.signature]
             spans.append((first, last))
             cuts.append(c)
     opts = tuple(tuple(by_shape[c.signature]) for c in cuts)

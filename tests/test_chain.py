@@ -236,3 +236,36 @@ def test_large_problems_take_the_best_known_plan_and_state_a_budget_that_works(
     monkeypatch.setattr(chain, "solve", lambda *_, **__: none)
     monkeypatch.setattr(chain, "min_peak", lambda p, *_, **__: save_all(p))
     assert cpsat.solve(problem.with_budget(least), FAST).plan is not None
+
+
+def test_options_found_at_one_batch_are_rejudged_at_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside sharing_options, the same step read again at another batch size takes its
+    segments' options from the first batch's search, judged again by the checker: no
+    segment is searched twice, and the chain still plans within budgets down to its least
+    peak, below checkpointing every block."""
+    import torch
+
+    model, inputs = make_gpt(GPTConfig.tiny(n_layer=4, vocab=16), batch=4, seed=0)
+    for x in inputs:
+        torch._dynamo.mark_dynamic(x, 0)
+    traced = trace(model, inputs, target="eager")
+    small, large = traced.at_batch(4), traced.at_batch(16)
+    with chain.sharing_options() as bank:
+        first = chain.build_chain(small, EVERY_SPAN)
+        assert first is not None and bank.reused == 0
+
+        def no_search(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a segment was searched again")
+
+        monkeypatch.setattr(chain, "options", no_search)
+        again = chain.build_chain(large, EVERY_SPAN)
+    assert again is not None and bank.reused == again.distinct == first.distinct
+    assert [c.structure for c in again.cuts] == [c.structure for c in first.cuts]
+    assert [c.signature for c in again.cuts] != [c.signature for c in first.cuts]  # other sizes
+    least = chain.min_peak(large, FAST, chain=again)
+    every = checkpoint_every(large).report
+    assert least.report is not None and every is not None and least.report.peak < every.peak
+    for budget in budgets(large, least.report.peak, (2, 5, 8)):
+        result = chain.solve(large.with_budget(budget), FAST, chain=again)
+        assert result.plan is not None and result.report is not None and result.report.peak <= budget
+        check(large.with_budget(budget), result.plan)

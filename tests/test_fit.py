@@ -3,8 +3,10 @@ the command line and its bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from rematc.cli import main
 from rematc.fit import STRATEGIES, FitError, causal_lm, fit, load_config, load_fit_factory
 from rematc.llama import llama_tiny
 from rematc.wholestep import StepSetup
-from solvers import SolverConfig
+from solvers import Problem, SolverConfig
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +169,33 @@ def test_a_step_traced_with_a_symbolic_batch_is_each_batchs_own_trace() -> None:
     fixed = trace(*make_llama("tiny", batch=2, n_layer=2), device="h100", target="eager")
     with pytest.raises(TraceError, match="traced at a fixed batch size"):
         fixed.at_batch(4)
+
+
+def test_a_step_traced_with_symbolic_batch_and_sequence_is_each_shapes_own_trace() -> None:
+    """One trace serves a sweep over batches and sequence lengths (rematc fit traces at the
+    longest): read again at (b, s), the captured graph gives the problem a trace at (b, s)
+    gives. Beyond the longest, the rotary table's slice took another branch: refused."""
+    from rematc.llama import LLAMA_SHAPES, Llama
+    from rematc.trace import TraceError, trace
+
+    shape = dataclasses.replace(LLAMA_SHAPES["tiny"], n_layer=2, seq_len=64)
+
+    def step(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+        with torch.device("meta"):  # the model's rotary table is 64 long in each
+            return Llama(shape), (torch.zeros(batch, seq, dtype=torch.long),
+                                  torch.zeros(batch, seq, dtype=torch.long))
+
+    def key(problem: Problem) -> list[tuple[Any, ...]]:
+        return [(n.op, n.size, n.time, n.flops, n.deps, n.offloadable) for n in problem.nodes]
+
+    model, inputs = step(2, 64)
+    for x in inputs:
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(x, 1)
+    traced = trace(model, inputs, device="h100", dtype="bfloat16", target="eager")
+    assert traced.input_symbols(1)
+    for batch, seq in ((1, 16), (3, 40), (8, 64)):
+        ref = trace(*step(batch, seq), device="h100", dtype="bfloat16", target="eager").problem
+        assert key(traced.at_sizes({0: batch, 1: seq})) == key(ref)
+    with pytest.raises(TraceError, match="took a branch on its sizes"):
+        traced.at_sizes({0: 2, 1: 65})
