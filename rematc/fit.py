@@ -147,9 +147,10 @@ def fit(source: Factory | Any, *, device: str | DeviceProfile, memory: int | Non
     if not memory:
         raise FitError(f"the {profile.name} profile states no device memory; give the memory per rank")
     build = _builder(source)
-    # Dynamo specializes a dimension of size 1: the symbolic trace is at batch >= 2. It is
-    # at the longest sequence, where tables sliced to the sequence (rotary) hold every one.
-    first = min((b for b in batches if b >= 2), default=2)
+    # Dynamo specializes a dimension of size 1: a symbolic batch is traced at batch >= 2.
+    # The trace is at the longest sequence, where tables sliced to the sequence (rotary)
+    # hold every one.
+    first = batches[0] if len(set(batches)) == 1 else min((b for b in batches if b >= 2), default=2)
     model, inputs = build(batch=first, seq=max(seqs))
     states = model_states(model)
     on_meta = any(t.device.type == "meta" for t in model.parameters())

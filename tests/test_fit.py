@@ -171,6 +171,22 @@ def test_a_step_traced_with_a_symbolic_batch_is_each_batchs_own_trace() -> None:
         fixed.at_batch(4)
 
 
+def test_a_sweep_of_sequences_at_one_batch_reads_each_from_one_trace_at_that_batch() -> None:
+    """Batch 1 with three sequence lengths: one trace with the sequence symbolic, at batch 1
+    (not at a batch of 2 that a symbolic batch would need); each shape as traced alone."""
+    swept = fit(llama_tiny, device="h100", memory=10**9, setup=GPU, batches=(1,), seqs=(16, 24, 32))
+    for shape in swept.shapes:
+        alone = fit(llama_tiny, device="h100", memory=10**9, setup=GPU, batches=(1,),
+                    seqs=(shape.seq,)).shapes[0]
+        assert (shape.batch, shape.values) == (1, alone.values)
+        for ours, theirs in zip(shape.candidates[:2], alone.candidates[:2], strict=True):
+            assert ours.breakdown is not None and theirs.breakdown is not None
+            assert ours.breakdown.activations == theirs.breakdown.activations
+            # The sweep's model is built at the longest sequence: its rotary table is longer,
+            # and the ops that slice it move a few more bytes by the roofline.
+            assert ours.added_time == pytest.approx(theirs.added_time, rel=1e-4)
+
+
 def test_a_step_traced_with_symbolic_batch_and_sequence_is_each_shapes_own_trace() -> None:
     """One trace serves a sweep over batches and sequence lengths (rematc fit traces at the
     longest): read again at (b, s), the captured graph gives the problem a trace at (b, s)
