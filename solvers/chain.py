@@ -49,7 +49,8 @@ by its *structure* (its ops, reads and flags, without sizes or times), and a cut
 same structure in a later problem, such as the same step traced once and read again at
 another batch size, re-judges those options' decisions with the checker on its own
 sizes and times instead of searching again: at sizes that all scale together, the
-cheapest plan under a budget scaled likewise takes the same decisions.
+cheapest plan under a budget scaled likewise takes the same decisions. It searches no
+span the first problem did not reach, and spends its time on the chain-level choice.
 
 A plan recomputes each value at most once: a boundary recomputed inside a span is
 recomputed with the segment before it for the backward of the segment after it, and that
@@ -446,7 +447,7 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
     """The chain of ``problem`` with its spans' options, or None where it has none. Spans
     of one segment are planned first; longer ones, shortest first, while time is left.
     Inside :func:`sharing_options`, options are re-judged where a cut's structure was
-    planned before."""
+    planned before, and after the first problem no longer span is searched."""
     segments = find_segments(problem)
     if len(segments) < 2:
         return None
@@ -454,6 +455,9 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
     interior = {v for seg in segments for v in seg.interior if problem.nodes[v].recomputable}
     saved = frozenset(plan_with(problem, interior).of(Decision.SAVE))  # by the reference R
     bank = _BANK.get()
+    # A later problem of a shared bank takes the spans the first one reached and searches
+    # no longer ones: its time goes to the chain-level choice, which it has to itself.
+    later = bank is not None and bool(bank.by_structure)
     spans: list[tuple[int, int]] = []
     cuts: list[Cut] = []
     by_shape: dict[str, list[Option]] = {}
@@ -474,7 +478,7 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
                     by_shape[c.signature] = rejudged(c, known)
                     bank.reused += 1  # type: ignore[union-attr]
                 else:
-                    if length > 1 and not _in_time(deadline, config):
+                    if length > 1 and (later or not _in_time(deadline, config)):
                         continue
                     by_shape[c.signature] = options(c, config, deadline=deadline)
                     if bank is not None:
