@@ -474,9 +474,9 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
                 continue  # no boundary inside to decide: the one-segment spans say it all
             if c.signature not in by_shape:
                 known = bank.by_structure.get(c.structure) if bank is not None else None
-                if known is not None:
+                if bank is not None and known is not None:
                     by_shape[c.signature] = rejudged(c, known)
-                    bank.reused += 1  # type: ignore[union-attr]
+                    bank.reused += 1
                 else:
                     if length > 1 and (later or not _in_time(deadline, config)):
                         continue
