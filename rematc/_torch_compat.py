@@ -138,7 +138,7 @@ def sizes_at(shape_env: Any, values: dict[Any, int]) -> Iterator[None]:
     symbol -> int) instead of the values it was traced at, e.g. another batch size."""
     import sympy
 
-    hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    hints = _size_hints(shape_env)
     saved = dict(hints)
     hints.update({s: sympy.Integer(v) for s, v in values.items()})
     _RESIZED.add(id(shape_env))
@@ -150,13 +150,18 @@ def sizes_at(shape_env: Any, values: dict[Any, int]) -> Iterator[None]:
         hints.update(saved)
 
 
+def _size_hints(shape_env: Any) -> dict[Any, Any]:
+    """The values ``shape_env``'s symbols were traced at (symbol -> sympy integer)."""
+    return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+
+
 def guards_broken_at(shape_env: Any, values: dict[Any, int]) -> str:
     """The first guard ``shape_env`` recorded on its sizes (a branch the traced code took
     on them) that does not hold with its symbols at ``values`` and the rest at their traced
     values, as text; "" where every one holds."""
     import sympy
 
-    hints = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+    hints = _size_hints(shape_env)
     at = {**hints, **{s: sympy.Integer(v) for s, v in values.items()}}
     for guard in shape_env.guards:
         expr = shape_env.replace(guard.expr)  # symbols found equal to others, as the others
