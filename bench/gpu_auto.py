@@ -70,6 +70,8 @@ def _steps(fn: Callable[..., torch.Tensor], model: torch.nn.Module, inputs: tupl
         result["reserved"] = torch.cuda.max_memory_reserved()
     except torch.OutOfMemoryError as error:
         result = {"ok": False, "error": str(error).splitlines()[0][:200]}
+    except RuntimeError as error:  # a crash is a result of the check too, not the end of it
+        result = {"ok": False, "crash": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
     del opt
     model.zero_grad(set_to_none=True)
     return result
@@ -110,7 +112,8 @@ def check_auto(*, batch: int = 32, precision: str = "fp32") -> dict[str, Any]:
                         "predicted_peak": r.predicted_peak, "unconstrained_peak": r.unconstrained_peak,
                         "generated_peak": r.generated_peak, "generated_at": r.generated_at,
                         "generated_alive": r.generated_alive[:6], "squeezed": r.squeezed,
-                        "undonated": r.undonated} for r in graphs]
+                        "undonated": r.undonated, "solver": r.solver,
+                        "offloaded": len(r.plan.transfers)} for r in graphs]
     # Within what was free when it compiled, less the reserve the derivation keeps.
     room = rows["free_before_auto"] - reserve
     if rows["auto"]["ok"]:

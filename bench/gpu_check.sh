@@ -7,7 +7,8 @@
 #   bash bench/gpu_check.sh OUT [WHEELS [PART...]]
 #
 # PARTS: gpt2_sdpa gpt_test gpt_dropout llama_offload tests (by default), and wholestep (the
-# whole step's memory, bench/wholestep.py --device cuda) and auto (bench/gpu_auto.py) when named.
+# whole step's memory, bench/wholestep.py --device cuda), auto and auto_bf16 (bench/gpu_auto.py,
+# fp32 and bf16 autocast) when named.
 # WHEELS (default .whl) holds wheels of what the machine lacks (ortools, immutabledict,
 # protobuf); they are installed into a scratch folder put first on PYTHONPATH. Each part
 # has its own time limit, so the whole run ends within 8 minutes.
@@ -50,5 +51,6 @@ part gpt_dropout 60 python3 -m bench.gpu_check "$out" --model gpt_dropout --dead
 part llama_offload 80 python3 -m bench.gpu_check "$out" --model llama_offload --deadline 45
 part wholestep 300 python3 -m bench.wholestep --device cuda --out "$out/wholestep-cuda.md"
 part auto 240 python3 -m bench.gpu_auto "$out"
-part tests 70 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not harness"
+part auto_bf16 240 python3 -m bench.gpu_auto "$out" --precision bf16-mixed
+part tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not harness"
 echo "== done in $((SECONDS - start)) s"

@@ -102,17 +102,34 @@ def random_plan(problem: Problem, rng: random.Random) -> SolveResult:
         if kept == choice:
             break
         choice = kept
-    for v in sorted(choice):
-        if choice[v] is not Decision.OFFLOAD:
-            continue
+    return placed(problem, choice, "random")
+
+
+def placed(problem: Problem, choice: dict[int, Decision], solver: str) -> SolveResult:
+    """``choice`` as a checked plan: its offloads added one at a time, each kept where the
+    checker accepts the plan with it and saved where no step can carry its copies (one
+    such value must not take the others down with it)."""
+    wanted = sorted(v for v, d in choice.items() if d is Decision.OFFLOAD)
+    choice = {v: Decision.SAVE if d is Decision.OFFLOAD else d for v, d in choice.items()}
+    for v in wanted:
         try:
-            check(problem, plan_from_decisions(problem, choice))
+            check(problem, plan_from_decisions(problem, {**choice, v: Decision.OFFLOAD}))
+            choice[v] = Decision.OFFLOAD
         except PlanError:
-            choice[v] = Decision.SAVE  # no step to copy it beside
+            pass
     plan = plan_from_decisions(problem, choice)
     report = check(problem, plan)
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
-                       bound=0.0, wall_time=0.0, solver="random")
+                       bound=0.0, wall_time=0.0, solver=solver)
+
+
+def offload_plan(problem: Problem) -> SolveResult:
+    """Every offloadable value the backward reads offloaded where a step can carry its
+    copies, the rest saved: the plan with the most transfers, for checks that need them
+    whatever they cost."""
+    read = needed_values(problem, set())
+    return placed(problem, {v: Decision.OFFLOAD if problem.nodes[v].offloadable else Decision.SAVE
+                            for v in problem.candidates if v in read}, "offload-all")
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
