@@ -121,14 +121,20 @@ def _optimization_hint_211(a: Any, fallback: int | None = None) -> int:
 
 _optimization_hint = getattr(_symbolic_shapes, "optimization_hint", _optimization_hint_211)
 # ShapeEnvs whose symbols are being read at other values (:func:`sizes_at`).
-_RESIZED: set[int] = set()
+# Shape environments read at other sizes (:func:`sizes_at`): id -> each expression's value
+# there, as a graph repeats the same few size expressions in every layer.
+_RESIZED: dict[int, dict[tuple[Any, int | None], int]] = {}
 
 
 def optimization_hint(a: Any, fallback: int | None = None) -> int:
     """A SymInt's value without adding a guard: its hint, or under :func:`sizes_at` its
     expression at the values given there."""
     if _RESIZED and isinstance(a, torch.SymInt) and id(a.node.shape_env) in _RESIZED:
-        return int(a.node.shape_env.optimization_hint(a.node.expr, fallback=fallback))
+        values = _RESIZED[id(a.node.shape_env)]
+        key = (a.node.expr, fallback)
+        if key not in values:
+            values[key] = int(a.node.shape_env.optimization_hint(a.node.expr, fallback=fallback))
+        return values[key]
     return int(_optimization_hint(a, fallback=fallback))
 
 
@@ -141,11 +147,11 @@ def sizes_at(shape_env: Any, values: dict[Any, int]) -> Iterator[None]:
     hints = _size_hints(shape_env)
     saved = dict(hints)
     hints.update({s: sympy.Integer(v) for s, v in values.items()})
-    _RESIZED.add(id(shape_env))
+    _RESIZED[id(shape_env)] = {}
     try:
         yield
     finally:
-        _RESIZED.discard(id(shape_env))
+        _RESIZED.pop(id(shape_env), None)
         hints.clear()
         hints.update(saved)
 

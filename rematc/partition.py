@@ -471,6 +471,15 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
     joint = prepare(gm)
     if fuses:
         place_addmm_operands(joint)
+    return joint, capture_prepared(joint, device, fuses=fuses, num_fwd_outputs=num_fwd_outputs,
+                                   static=static, name=name)
+
+
+def capture_prepared(joint: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
+                     num_fwd_outputs: int, static: Sequence[int], name: str = "joint") -> Captured:
+    """annotate -> capture of a joint graph :func:`capture_stage` has prepared: its costs
+    and problem at the sizes its symbols stand at now (see
+    :func:`rematc._torch_compat.sizes_at`)."""
     shape_env = shape_env_of(joint)
     # Costs and layout checks are at the size hints: reading a symbolic size must not guard
     # the graph to this one shape (bound_dynamic_sizes says which shapes a plan serves).
@@ -483,7 +492,7 @@ def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
                            static_lifetime_input_indices=static,
                            host_bandwidth=device.host_bandwidth, name=name, inductor=fuses)
     warn_fallback_costs(costs, joint)
-    return joint, captured
+    return captured
 
 
 def prepare(gm: fx.GraphModule) -> fx.GraphModule:

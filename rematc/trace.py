@@ -50,7 +50,7 @@ from rematc._torch_compat import (
 from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
-from rematc.partition import capture_stage, shape_env_of
+from rematc.partition import capture_prepared, capture_stage, shape_env_of
 from solvers import Plan, Problem
 
 SHAPES_KEY = "shapes"  # Problem.meta key: JSON {value name: "float32[4, 64]"}
@@ -121,7 +121,7 @@ class Traced:
                              f"({broken}): trace that shape on its own")
         device = profile_for(self.problem.meta.get("device", "cpu"))
         with sizes_at(shape_env, values), collector_paused():
-            _, captured = capture_stage(self.joint, device, fuses=self.problem.meta.get("target") == "inductor",
+            captured = capture_prepared(self.joint, device, fuses=self.problem.meta.get("target") == "inductor",
                                         num_fwd_outputs=self.num_fwd_outputs, static=self.static_inputs,
                                         name=self.problem.name)
         meta = {**self.problem.meta, **{("batch" if d == 0 else f"dim{d}"): str(v) for d, v in sizes.items()}}
