@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 
 # cpsat: the default planner; chain: the chain model alone (solvers.chain); checkpoint:
 # keep each segment boundary, recompute the rest (torch.utils.checkpoint around every
-# block); checkpoint-2, -4: keep every 2nd, 4th; greedy; save_all.
-SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "greedy", "save_all")
+# block); checkpoint-2, -4: keep every 2nd, 4th; selective: save the outputs of ops with
+# FLOPs (matmuls, attention), recompute the rest; greedy; save_all.
+SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "selective", "greedy", "save_all")
 DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
 TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
@@ -381,6 +382,10 @@ def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress:
         from solvers.baselines import greedy
 
         return Solved(greedy(problem, config), False, None)
+    if solver == "selective":
+        from solvers.baselines import selective
+
+        return Solved(selective(problem, config), False, None)
     if solver.startswith("checkpoint"):
         from solvers.baselines import checkpoint_every
 

@@ -133,6 +133,18 @@ def checkpoint_every(problem: Problem, config: SolverConfig = SolverConfig(), *,
     return _judged(problem, plan_with(problem, recomputed), f"checkpoint_every_{k}", t0)
 
 
+def selective(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+    """Selective activation checkpointing: save what the compute-bound ops produce and
+    recompute every other value the backward reads, whatever the budget. The values
+    recomputed are :func:`free_values`' (no FLOPs: pointwise ops, norms' elementwise parts,
+    copies, reductions): what Megatron-LM's selective recomputation aims at (the parts of
+    a layer that take memory but few FLOPs to recompute) and what a save-list policy of
+    matmuls and attention in ``torch.utils.checkpoint`` (torchtitan's op-level selective
+    checkpointing) does around every block."""
+    t0 = time.perf_counter()
+    return _judged(problem, plan_with(problem, free_values(problem)), "selective", t0)
+
+
 def sqrt_n(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
     """Chen et al.'s √n checkpointing: keep every ⌈√n⌉-th of the n segment boundaries."""
     n = max(1, len(segment_boundaries(problem)))

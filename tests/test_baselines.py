@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solvers import Node, Problem, SolverConfig, Status, check, save_all, solve
+from solvers import Decision, Node, Problem, SolverConfig, Status, check, save_all, solve
 from solvers.baselines import (
     checkpoint_every,
     free_recompute,
@@ -17,6 +17,7 @@ from solvers.baselines import (
     knapsack,
     knapsack_choice,
     segment_boundaries,
+    selective,
     sqrt_n,
 )
 from solvers.cpsat import baseline
@@ -32,6 +33,7 @@ BASELINES = {
     "sqrt_n": sqrt_n,
     "knapsack": knapsack,
     "free_recompute": free_recompute,
+    "selective": selective,
 }
 
 
@@ -119,3 +121,17 @@ def test_free_recompute_lowers_the_peak_at_no_time_when_free_values_exist() -> N
     assert full is not None and free is not None
     assert free.added_time == 0
     assert free.peak <= full.peak
+
+
+def test_selective_checkpointing_saves_what_has_flops_and_recomputes_the_rest() -> None:
+    # A matmul-like value (FLOPs) after each pointwise one: the pointwise ones are recomputed
+    # from the matmuls' saved outputs, even where recomputing them does not lower the peak.
+    p = chain_problem([4] * 8, [1.0] * 8)
+    p = replace(p, nodes=tuple(replace(n, flops=1e6 if not n.backward and i % 2 else 0.0)
+                               for i, n in enumerate(p.nodes)))
+    result = selective(p)
+    assert result.plan is not None and result.solver == "selective"
+    recomputed = set(result.plan.of(Decision.RECOMPUTE))
+    pointwise = {v for v in p.candidates if p.nodes[v].flops == 0 and p.nodes[v].recomputable}
+    assert recomputed and recomputed <= pointwise
+    assert not any(p.nodes[v].flops for v in recomputed)

@@ -727,3 +727,11 @@ def test_baselines_and_the_chain_model_solve_a_model_traced_on_meta(
     ours = json.loads(text)
     assert rc == 0 and ours["solver"] == "chain"
     assert ours["peak_after"] <= every["peak_after"] and ours["added_time"] <= every["added_time"]
+    # Selective checkpointing recomputes only what has no FLOPs: below saving everything,
+    # at less added time than recomputing every block.
+    rc, text, _ = run(capsys, "solve", out, "--solver", "selective", "--budget", "100%", "--json")
+    chosen = json.loads(text)
+    rc_all, text, _ = run(capsys, "solve", out, "--solver", "save_all", "--budget", "100%", "--json")
+    assert rc == rc_all == 0 and chosen["solver"] == "selective"
+    assert chosen["peak_after"] < json.loads(text)["peak_after"]
+    assert 0 < chosen["added_time"] < every["added_time"]
