@@ -7,8 +7,9 @@ The weight gradients are taken as accumulated in place into ``.grad`` buffers th
 before the step (as the weights do), so the budgets are about activations.
 
 For each model: the trace (seconds, values, decisions), the least peak any plan can have
-(the bytes every plan holds at some step), the baselines (saving everything, and
-checkpointing every 1, 2 and 4 segments: 2 segments per layer), then at budgets from 70%
+(the bytes every plan holds at some step), the baselines (saving everything,
+checkpointing every 1, 2 and 4 segments: 2 segments per layer, and selective
+checkpointing: matmul and attention outputs saved, the rest recomputed), then at budgets from 70%
 of saving everything down to half of checkpointing every segment: rematc's plan (the
 default planner, as the backend runs it, with its time limit), the chain model's alone,
 and the cheapest baseline that fits. With ``--offload-model``, that model again with a
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 from solvers import InfeasibleBudgetError, Problem, SolverConfig, SolveResult, chain, cpsat
-from solvers.baselines import checkpoint_every, save_all
+from solvers.baselines import checkpoint_every, save_all, selective
 from solvers.io import load_problem, save_problem
 
 MODELS = {
@@ -78,6 +79,7 @@ def baselines(problem: Problem) -> dict[str, SolveResult]:
     out = {"save all": save_all(problem)}
     for k in (1, 2, 4):
         out[f"checkpoint every {k}"] = checkpoint_every(problem, k=k)
+    out["selective"] = selective(problem)
     return out
 
 
