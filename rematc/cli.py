@@ -169,8 +169,9 @@ def _model_source(p: argparse.ArgumentParser) -> None:
                    help=".pt2, problem JSON, node-link graph JSON, or module:function")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="device profile for op times (models only)")
     p.add_argument("--dtype", choices=DTYPES, help="cast the model and floating inputs (models only)")
-    p.add_argument("--target", choices=TARGETS, default="inductor",
-                   help="codegen the costs assume: Inductor fuses recomputed pointwise ops (models only)")
+    p.add_argument("--target", choices=TARGETS,
+                   help="codegen the costs assume: Inductor fuses recomputed pointwise ops (models only; "
+                        "default inductor, eager for a model on meta)")
 
 
 def _planning(p: argparse.ArgumentParser) -> None:

@@ -154,22 +154,32 @@ class _Capture(CustomPartitionerFn):
 
 
 def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
-          target: str = "inductor", dtype: str | None = None, name: str = "model") -> Traced:
-    """Capture one training step of ``model(*inputs)`` (which must return the loss)."""
-    if target not in TARGETS:
+          target: str | None = None, dtype: str | None = None, name: str = "model") -> Traced:
+    """Capture one training step of ``model(*inputs)`` (which must return the loss), for
+    ``target``'s code generation: by default Inductor's, and eager's for a model on
+    ``meta`` tensors, which the Inductor target refuses with a ``TraceError``: there
+    Inductor's joint-graph passes folded a Llama's step down to empty outputs (26 values,
+    no decisions), and with that folding off most runs corrupted the process's heap
+    (glibc's "corrupted double-linked list" at exit, or a segfault in a later solve), with
+    torch 2.13."""
+    if target is not None and target not in TARGETS:
         raise TraceError(f"target must be one of {TARGETS}, got {target!r}")
     profile_for(device)  # a ValueError naming the known profiles
+    on_meta = _on_meta(model, inputs)
+    if on_meta and target == "inductor":
+        raise TraceError("the Inductor target cannot be traced on meta tensors: trace with target "
+                         "'eager' (--target eager), or build the model on a real device")
+    target = target or ("eager" if on_meta else "inductor")
     if dtype is not None:
         if dtype not in DTYPES:
             raise TraceError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         model, inputs = _cast(model, inputs, DTYPES[dtype])
     spy = _Capture(device, target, name)
     torch._dynamo.reset()
-    on_meta = _on_meta(model, inputs)
     try:
         # A shape error is logged with its traceback by the fake-tensor run, then raised
         # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
-        with _backend(spy, target, on_meta) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
+        with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
                 _fused_attention(on_meta), collector_paused():
             torch.compile(model, backend=backend, fullgraph=False)(*inputs)
     except Exception as e:
@@ -191,21 +201,13 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
 
 
 @contextlib.contextmanager
-def _backend(spy: _Capture, target: str, on_meta: bool) -> Iterator[Any]:
+def _backend(spy: _Capture, target: str) -> Iterator[Any]:
     nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
     if target == "eager":
         yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=spy,
                            keep_inference_input_mutations=True)
         return
-    patches: dict[str, Any] = {"custom_partitioner_fn": spy}
-    if on_meta:
-        # Inductor's joint-graph constant folding (it replaces tensors of one uniform value
-        # by ``full`` calls) folds a step on ``meta`` tensors down to empty outputs: a Llama
-        # became 26 values and no decisions. Off, the problem is the one traced on the CPU,
-        # forward value for value (tests/test_fit.py); on the CPU models it changes at most
-        # one value.
-        patches["joint_graph_constant_folding"] = False
-    with inductor_config.patch(**patches):
+    with inductor_config.patch(custom_partitioner_fn=spy):
         yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=inductor_partition_fn(),
                            decompositions=inductor_decompositions())
 

@@ -120,7 +120,7 @@ from ortools.sat.python import cp_model
 
 if TYPE_CHECKING:
     from solvers import chain as chain_model
-from solvers.baselines import checkpoint_every, greedy
+from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Copy, Problem
@@ -568,8 +568,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     built = chain.build_chain(problem, config)
     left = replace(config, time_limit=chain._rest(config, t0))
-    found = [greedy(problem, SolverConfig(time_limit=share)),
-             *(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY),
+    found = [greedy(problem, SolverConfig(time_limit=share)), *checkpointing(problem, config),
              chain.solve(problem, left, chain=built)]
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
@@ -638,15 +637,21 @@ def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
     return plan, work
 
 
+def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+    """The checkpointing baselines, each judged by the checker: every k-th segment kept for
+    k in ``KNOWN_EVERY`` (k = 1 is checkpointing every block) and selective checkpointing."""
+    return [*(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY), selective(problem, config)]
+
+
 def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """Plans found without the flat search, each judged by the checker: checkpointing every
-    k-th segment (k = 1 is checkpointing every block) and, on problems of at least
+    """Plans found without the flat search, each judged by the checker: the checkpointing
+    baselines (:func:`checkpointing`) and, on problems of at least
     ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
     ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
     every search, so no search ends on a plan dearer than one of them."""
     from solvers import chain  # it plans each segment with this module
 
-    out = [checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY]
+    out = checkpointing(problem, config)
     out.extend(stated(problem))
     # Not under ``config.deterministic``: every span would be planned (no wall-clock
     # deadline), minutes on a 300-value graph.
