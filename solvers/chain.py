@@ -287,13 +287,18 @@ def _fixed_plans(c: Cut) -> list[tuple[str, Plan]]:
 
 def _judged(p: Problem, plans: Sequence[tuple[str, Plan]]) -> list[Option]:
     """Each plan as an option, by the checker; the first, then the Pareto set of all."""
-    out: list[Option] = []
-    for source, plan in plans:
-        report = check(p, plan)
-        saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE))
-        out.append(Option(dict(plan.decisions), {t.node: (t.offload_at, t.reload_at) for t in plan.transfers},
-                          report.added_time, saved, report.timeline, source))
-    return [out[0], *(o for o in _pareto(out) if o is not out[0])]
+    return _front([_option(p, source, plan, check(p, plan)) for source, plan in plans])
+
+
+def _option(p: Problem, source: str, plan: Plan, report: Report) -> Option:
+    saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE))
+    return Option(dict(plan.decisions), {t.node: (t.offload_at, t.reload_at) for t in plan.transfers},
+                  report.added_time, saved, report.timeline, source)
+
+
+def _front(options: list[Option]) -> list[Option]:
+    """The first option, then the Pareto set of all."""
+    return [options[0], *(o for o in _pareto(options) if o is not options[0])]
 
 
 def rejudged(c: Cut, known: Sequence[Option]) -> list[Option]:
@@ -303,16 +308,17 @@ def rejudged(c: Cut, known: Sequence[Option]) -> list[Option]:
     p = c.problem
     plans = _fixed_plans(c)
     fixed = {source for source, _ in plans}
+    options = [_option(p, source, plan, check(p, plan)) for source, plan in plans]
     for o in known:
         if o.source in fixed:
             continue
         try:
             plan = plan_from_decisions(p, o.decisions, o.transfers)
-            check(p, plan)
+            report = check(p, plan)
         except PlanError:
             continue
-        plans.append((o.source, plan))
-    return _judged(p, plans)
+        options.append(_option(p, o.source, plan, report))
+    return _front(options)
 
 
 class OptionBank:
