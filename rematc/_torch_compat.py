@@ -120,7 +120,6 @@ def _optimization_hint_211(a: Any, fallback: int | None = None) -> int:
 
 
 _optimization_hint = getattr(_symbolic_shapes, "optimization_hint", _optimization_hint_211)
-# ShapeEnvs whose symbols are being read at other values (:func:`sizes_at`).
 # Shape environments read at other sizes (:func:`sizes_at`): id -> each expression's value
 # there, as a graph repeats the same few size expressions in every layer.
 _RESIZED: dict[int, dict[tuple[Any, int | None], int]] = {}
