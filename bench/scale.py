@@ -10,9 +10,10 @@ For each model: the trace (seconds, values, decisions), the least peak any plan 
 (the bytes every plan holds at some step), the baselines (saving everything,
 checkpointing every 1, 2 and 4 segments: 2 segments per layer, and selective
 checkpointing: matmul and attention outputs saved, the rest recomputed), then at budgets from 70%
-of saving everything down to half of checkpointing every segment: rematc's plan (the
+of saving everything down to 0.35 of checkpointing every segment: rematc's plan (the
 default planner, as the backend runs it, with its time limit), the chain model's alone,
-and the cheapest baseline that fits. With ``--offload-model``, that model again with a
+the multi-level plan's alone (:mod:`solvers.multilevel`), and the cheapest baseline that
+fits. With ``--offload-model``, that model again with a
 50 GB/s host link below checkpointing's peak: recomputation alone against recomputation
 and offload.
 
@@ -30,7 +31,15 @@ import sys
 import time
 from pathlib import Path
 
-from solvers import InfeasibleBudgetError, Problem, SolverConfig, SolveResult, chain, cpsat
+from solvers import (
+    InfeasibleBudgetError,
+    Problem,
+    SolverConfig,
+    SolveResult,
+    chain,
+    cpsat,
+    multilevel,
+)
 from solvers.baselines import checkpoint_every, save_all, selective
 from solvers.io import load_problem, save_problem
 
@@ -42,7 +51,7 @@ MODELS = {
 }
 HOST_LINK = 50e9  # bytes/s each way: PCIe 5 x16 in practice
 FRACTIONS = (0.7, 0.3)  # of saving everything
-OF_CHECKPOINTING = (1.0, 0.75, 0.5)  # of checkpointing every segment
+OF_CHECKPOINTING = (1.0, 0.75, 0.6, 0.5, 0.35)  # of checkpointing every segment
 MIB = 2**20
 
 
@@ -114,28 +123,36 @@ def run_model(key: str, args: argparse.Namespace, out: list[str]) -> None:
     t0 = time.perf_counter()
     built = chain.build_chain(problem, config)
     chain_s = time.perf_counter() - t0
+    measured = multilevel.measure(problem)
+    least = multilevel.min_peak(problem, config, chain=measured).report if measured else None
     out += [f"### {key}", "",
             f"Trace {trace_s:.0f} s; {len(problem.nodes):,} values, {len(problem.candidates):,} decisions; "
             f"step {step * 1e3:,.0f} ms (estimated); chain: "
             + (f"{len(built.segments)} segments, {len(built.spans)} spans of {built.distinct} shapes, "
                f"options in {chain_s:.0f} s" if built else "none")
-            + f". Every plan holds at least {floor / MIB:,.0f} MiB at some step.", "",
+            + f". Every plan holds at least {floor / MIB:,.0f} MiB at some step"
+            + (f"; the least-peak multi-level plan peaks at {least.peak / MIB:,.0f} MiB" if least else "")
+            + ".", "",
             "| baseline | peak MiB | added ms | added % of step |", "|---|---:|---:|---:|"]
     for name, r in base.items():
         rep = r.report
         assert rep is not None
         out.append(f"| {name} | {rep.peak / MIB:,.0f} | {ms(rep.added_time)} | {rep.added_time / step:.1%} |")
-    budgets = [(f"{f:.0%} of save-all", int(top.peak * f)) for f in FRACTIONS]
-    budgets += [(f"{f:g} x checkpoint-every-1", int(every.peak * f)) for f in OF_CHECKPOINTING]
-    out += ["", "| budget | MiB | rematc | plan s | added ms | chain model ms | best baseline that fits | its ms |",
-            "|---|---:|---|---:|---:|---:|---|---:|"]
+    budgets = [(f"{f:.0%} of save-all", int(top.peak * f)) for f in args.fractions]
+    budgets += [(f"{f:g} x checkpoint-every-1", int(every.peak * f)) for f in args.of_checkpointing]
+    out += ["", "| budget | MiB | rematc | plan s | added ms | added % of step | chain model ms | "
+            "multi-level ms | best baseline that fits | its ms |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for label, budget in sorted(budgets, key=lambda b: -b[1]):
         status, added, _, wall = planned(problem, budget, config)
         alone = chain.solve(problem.with_budget(budget), config, chain=built) if built else None
+        grouped = multilevel.solve(problem.with_budget(budget), config, chain=measured) if measured else None
         fits = [(n, r.report.added_time) for n, r in base.items() if r.report and r.report.peak <= budget]
         best = min(fits, key=lambda f: f[1], default=None)
-        out.append(f"| {label} | {budget / MIB:,.0f} | {status} | {wall:.0f} | {ms(added)} | "
+        share = "-" if added is None else f"{added / step:.1%}"
+        out.append(f"| {label} | {budget / MIB:,.0f} | {status} | {wall:.0f} | {ms(added)} | {share} | "
                    f"{ms(alone.objective if alone and alone.plan else None)} | "
+                   f"{ms(grouped.objective if grouped and grouped.plan else None)} | "
                    f"{best[0] if best else '-'} | {ms(best[1] if best else None)} |")
         print(out[-1], file=sys.stderr, flush=True)
     if key in args.offload_model:
@@ -162,6 +179,10 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per plan (rematc's default)")
     parser.add_argument("--cache", type=Path, help="folder for the traced problems (reused when there)")
     parser.add_argument("--out", type=Path, help="write the tables here (markdown)")
+    parser.add_argument("--fractions", nargs="*", type=float, default=list(FRACTIONS),
+                        help="budgets as fractions of saving everything's peak")
+    parser.add_argument("--of-checkpointing", nargs="*", type=float, default=list(OF_CHECKPOINTING),
+                        help="budgets as fractions of checkpointing every segment's peak")
     args = parser.parse_args()
     out = [f"Machine: {os.cpu_count()} cores; time limit {args.time_limit:g} s per plan.", ""]
     for key in args.models:

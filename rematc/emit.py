@@ -8,6 +8,9 @@ Invariants of :func:`emit`:
 * every FX node of a RECOMPUTE value that the backward reads is copied into the backward,
   placed right before its first use, in dependency order; nothing else from the forward
   is copied, which :func:`verify` checks;
+* a value the schedule recomputes more than once (a multi-level plan) gets one copy of
+  its nodes per recomputation after the first (:func:`recompute_again`), each serving the
+  reads the plan's checker says it serves, placed right before the first of them;
 * every OFFLOAD value is saved as a host copy: the forward starts the copy after its last
   forward use and waits for it (freeing the device tensor) after the plan's ``offload_at``
   step; the backward starts the copy back before the plan's ``reload_at`` step and waits
@@ -18,6 +21,8 @@ Invariants of :func:`emit`:
 
 from __future__ import annotations
 
+import functools
+import itertools
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +56,8 @@ class Emitted:
     saved: tuple[str, ...]  # FX names of the saved tensors, in order
     recomputed: tuple[str, ...]  # FX names of forward nodes copied into the backward
     offloaded: tuple[str, ...] = ()  # FX names of the saved tensors kept in host memory
+    # FX names of the copies that run a value's recomputations after its first (multi-level plans)
+    again: tuple[str, ...] = ()
 
 
 def emit(
@@ -89,7 +96,8 @@ def emit(
     )
     bw = reordering_to_mimic_autograd_engine(bw)
     fw, bw = raise_getitems(fw), raise_getitems(bw)
-    if split_per_reader(bw, captured, plan):
+    again = recompute_again(bw, captured, plan)
+    if again or split_per_reader(bw, captured, plan):
         bw.recompile()
     offloaded = [captured.groups[t.node][0].name for t in plan.transfers]
     for t, name in zip(plan.transfers, offloaded, strict=True):
@@ -103,6 +111,7 @@ def emit(
         saved=tuple(n.name for n in saved),
         recomputed=tuple(sorted(n.name for n in recompute)),
         offloaded=tuple(offloaded),
+        again=tuple(again),
     )
 
 
@@ -157,6 +166,89 @@ def _fake(op: Any, val: Any) -> Any:
 
 
 PER_READER = "_per_reader"  # a per-reader copy's name: the original's and this
+AGAIN = "_again"  # a later recomputation's copy's name: the original's and this
+COPY_SUFFIXES = (PER_READER, AGAIN)
+
+
+def recompute_again(bw: fx.GraphModule, captured: Captured, plan: Plan) -> list[str]:
+    """Emit every recomputation after the first of a value the schedule recomputes more
+    than once: a copy of the value's nodes (named ``<original>_again``) that reads the copies
+    of its inputs serving its schedule entry and serves, as in the checker, the reads
+    between its entry and the value's next one. Each copy lands right before its first
+    reader. Values recomputed inside each reader (``captured.per_reader``) are left to
+    :func:`split_per_reader`. Returns the copies' names."""
+    entries: dict[int, list[int]] = {}
+    for k, s in enumerate(plan.schedule):
+        if plan.decisions.get(s.node) is Decision.RECOMPUTE:
+            entries.setdefault(s.node, []).append(k)
+    repeated = {v: ks for v, ks in entries.items() if len(ks) > 1 and v not in captured.per_reader}
+    if not repeated:
+        return []
+    by_name = {n.name: n for n in bw.graph.nodes}
+    value_of = {n.name: v for n, v in captured.value_of.items()}
+    members = {v: [by_name[n.name] for n in captured.groups[v] if n in captured.forward and n.name in by_name]
+               for v in repeated}
+    member_of = {n: v for v, ns in members.items() for n in ns}
+    position = {n: k for k, n in enumerate(bw.graph.nodes)}
+    for ns in members.values():
+        ns.sort(key=position.__getitem__)
+
+    def serving(v: int, key: tuple[int, int]) -> int:
+        """Which of v's recomputations serves a read at ``key`` (step, order within it)."""
+        ks = repeated[v]
+        return max((j for j, k in enumerate(ks) if (plan.schedule[k].before, k) < key), default=0)
+
+    copies: dict[tuple[int, int], dict[fx.Node, fx.Node]] = {}  # (value, entry) -> original -> copy
+
+    def copy_input(a: fx.Node, *, made: dict[fx.Node, fx.Node], value: int, key: tuple[int, int]) -> fx.Node:
+        """What a copy of ``value``'s nodes for the entry at ``key`` reads for ``a``: its
+        own copy of a node of the value, else the copy of ``a``'s value serving it there."""
+        d = member_of.get(a)
+        if a in made or d is None or d == value or (e := serving(d, key)) == 0:
+            return made.get(a, a)
+        return copies[(d, e)][a]
+
+    output = bw.graph.find_nodes(op="output")[0]
+    for k, s in enumerate(plan.schedule):  # entries in order: what a copy reads exists
+        if s.node not in repeated or k == repeated[s.node][0]:
+            continue
+        made: dict[fx.Node, fx.Node] = {}
+        copies[(s.node, repeated[s.node].index(k))] = made
+        read = functools.partial(copy_input, made=made, value=s.node, key=(s.before, k))
+        with bw.graph.inserting_before(output):
+            for n in members[s.node]:
+                made[n] = bw.graph.node_copy(n, read)
+                made[n]._rename(f"{n.name}{AGAIN}")
+    # Move each read to the copy that serves it: a backward op at step t reads after every
+    # entry before t; a first recomputation reads at its own first entry.
+    first_entry = {v: (plan.schedule[ks[0]].before, ks[0]) for v, ks in entries.items()}
+    forward = {n.name for n in captured.forward}
+    made_nodes = {c for m in copies.values() for c in m.values()}
+    step = captured.problem.n_forward  # of the latest backward op seen (nodes without a value: no step)
+    for n in list(bw.graph.nodes):
+        if n in made_nodes:
+            continue
+        v = value_of.get(n.name)
+        own = v if n.name in forward else None  # a first recomputation of value v
+        if v is not None and own is None:
+            step = v
+        key = first_entry[own] if own in first_entry else (step, len(plan.schedule))
+        for a in n.all_input_nodes:
+            d = member_of.get(a)
+            if d is None or d == own:
+                continue
+            e = serving(d, key)
+            if e:
+                n.replace_input_with(a, copies[(d, e)][a])
+    kept = []
+    for made in reversed(list(copies.values())):  # a copied view nothing reads goes
+        for c in reversed(list(made.values())):
+            if c.users:
+                kept.append(c.name)
+            else:
+                bw.graph.erase_node(c)
+    _order_by_first_use(bw.graph)
+    return kept[::-1]
 
 
 def split_per_reader(bw: fx.GraphModule, captured: Captured, plan: Plan) -> int:
@@ -193,6 +285,34 @@ def _copy_before(bw: fx.GraphModule, chain: list[fx.Node], reader: fx.Node) -> d
     return made
 
 
+def _order_by_first_use(graph: fx.Graph) -> None:
+    """Reorder ``graph`` so that each node comes after its inputs, keeping the present
+    order wherever it already does: a node out of place moves to just before its first
+    reader (the copies of :func:`recompute_again`, made at the end, land where used)."""
+    placed: set[fx.Node] = set()
+    order: list[fx.Node] = []
+
+    def visit(n: fx.Node) -> None:
+        stack = [(n, iter(n.all_input_nodes))]
+        while stack:
+            node, inputs = stack[-1]
+            dep = next((a for a in inputs if a not in placed), None)
+            if dep is not None:
+                stack.append((dep, iter(dep.all_input_nodes)))
+                continue
+            stack.pop()
+            if node not in placed:
+                placed.add(node)
+                order.append(node)
+
+    for n in list(graph.nodes):
+        if n not in placed:
+            visit(n)
+    for before, n in itertools.pairwise(order):  # the first node has no inputs: it stays first
+        if before.next is not n:
+            before.append(n)
+
+
 def recomputed_nodes(captured: Captured, plan: Plan) -> set[fx.Node]:
     """Forward FX nodes the backward recomputes: every node of a RECOMPUTE value."""
     return {
@@ -227,10 +347,11 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
     # A recomputation that reads an offloaded tensor reads the wait for its copy back.
     reloaded = {w.name: w.args[1].name for w in emitted.backward.graph.nodes
                 if w.target is WAIT and isinstance(w.args[1], fx.Node)}
-    copies: dict[str, str] = {}  # a per-reader copy's name -> its original's
+    copies: dict[str, str] = {}  # a per-reader or later recomputation's copy's name -> its original's
     for n in emitted.backward.graph.nodes:
-        if n.op == "call_function" and PER_READER in n.name and n.name not in fwd_names:
-            original_name = n.name.rsplit(PER_READER, 1)[0]
+        suffix = next((x for x in COPY_SUFFIXES if x in n.name), None)
+        if n.op == "call_function" and suffix and n.name not in fwd_names:
+            original_name = n.name.rsplit(suffix, 1)[0]
             if original_name not in planned or n.target is not joint_by_name[original_name].target:
                 raise EmitError(f"backward copy {n.format_node()} is no planned recomputation")
             copies[n.name] = original_name

@@ -99,6 +99,8 @@ class PartitionRecord:
     # What produced the plan: "save_all", "cpsat", "greedy" (fallback), "checkpointing"
     # (no budget: the model's own activation checkpointing, as it is).
     solver: str = ""
+    # FX names of the backward's further copies of nodes it recomputes more than once
+    again: tuple[str, ...] = ()
     cached: bool = False  # the plan came from the on-disk plan cache: no solve ran
     graph: tuple[int, int] | None = None  # (Dynamo frame, graph in frame); None outside Dynamo
     held_before: int = 0  # bytes held by earlier graphs of the step, taken off the budget
@@ -447,7 +449,7 @@ class RematPartitioner(CustomPartitionerFn):
             added_time=report.added_time, added_flops=report.added_flops,
             status=result.status.value, gap=result.gap, solve_time=result.wall_time,
             partition_time=time.perf_counter() - t0, saved=emitted.saved,
-            recomputed=emitted.recomputed, problem=problem, plan=result.plan,
+            recomputed=emitted.recomputed, again=emitted.again, problem=problem, plan=result.plan,
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze,

@@ -52,11 +52,12 @@ sizes and times instead of searching again: at sizes that all scale together, th
 cheapest plan under a budget scaled likewise takes the same decisions. It searches no
 span the first problem did not reach, and spends its time on the chain-level choice.
 
-A plan recomputes each value at most once: a boundary recomputed inside a span is
+Its plans recompute each value at most once: a boundary recomputed inside a span is
 recomputed with the segment before it for the backward of the segment after it, and that
 segment's values then live until their own backward. The chain model reaches every plan
 per-segment checkpointing reaches (every span one segment at its reference), and the
-plans that keep one boundary in up to ``SPAN``.
+plans that keep one boundary in up to ``SPAN``. Plans that recompute a segment's values
+twice, to hold fewer of them at once, are :mod:`solvers.multilevel`'s.
 """
 
 from __future__ import annotations

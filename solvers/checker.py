@@ -20,7 +20,9 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
 the recomputed forward values that read it. Values rematerialized before the same step
-all count as live during that step, which bounds from above what the emitted code holds.
+all count as live during that step, which bounds from above what the emitted code holds;
+a plan that recomputes some value more than once (a multi-level plan) is followed entry
+by entry within a step instead (:func:`value_copies`).
 Copies named in ``Node.unstored`` (two-phase problems) hold no memory. An unstored
 recomputation's reads of its deps happen at each read it serves instead of at its own
 step; an unstored forward copy (a value neither saved nor offloaded) is computed by its
@@ -37,6 +39,7 @@ the exposed time is an upper bound.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 from solvers.plan import Decision, Plan, PlanError, needed_values
@@ -64,17 +67,19 @@ class Report:
 def check(problem: Problem, plan: Plan) -> Report:
     """Replay ``plan`` on ``problem``; raise :class:`PlanError` if it cannot run."""
     _validate(problem, plan)
-    intervals = live_intervals(problem, plan)
+    spans, passing = value_copies(problem, plan)
     n = len(problem.nodes)
     delta = [0] * (n + 1)
-    for lo, hi, size in intervals:
-        delta[lo] += size
-        delta[hi + 1] -= size
+    for i, stretches in spans.items():
+        for lo, hi in stretches:
+            delta[lo] += problem.nodes[i].size
+            delta[hi + 1] -= problem.nodes[i].size
+    extra = passing_peaks(problem, passing)
     timeline: list[int] = []
     live = 0
     for k in range(n):
         live += delta[k]
-        timeline.append(live)
+        timeline.append(live + extra.get(k, 0))
     peak = max(timeline, default=0)
     rec = recomputations(plan)
     off = plan.of(Decision.OFFLOAD)
@@ -118,14 +123,59 @@ def exposed_transfer_time(problem: Problem, plan: Plan) -> float:
     )
 
 
+@dataclass(frozen=True)
+class Passing:
+    """A copy made by schedule entry ``first`` before ``step`` (see :func:`value_copies`)
+    and last read by entry ``last`` before the same step; ``last`` is None for a copy that
+    lives on through the step's op (its stretch counts it from then on)."""
+
+    node: int
+    step: int
+    first: int
+    last: int | None
+
+
 def live_intervals(problem: Problem, plan: Plan) -> list[tuple[int, int, int]]:
-    """``(first_step, last_step, bytes)`` for every stretch a value occupies memory."""
+    """``(first_step, last_step, bytes)`` for every stretch a value occupies memory over
+    whole steps (the copies of :class:`Passing` aside)."""
     return [(lo, hi, problem.nodes[i].size)
             for i, spans in value_intervals(problem, plan).items() for lo, hi in spans]
 
 
 def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, int]]]:
-    """The closed step intervals each value occupies memory over, one per copy.
+    """The closed step intervals each value occupies memory over, one per copy (the
+    passing copies of :func:`value_copies` aside)."""
+    return value_copies(problem, plan)[0]
+
+
+def passing_peaks(problem: Problem, passing: list[Passing]) -> dict[int, int]:
+    """For each step with passing copies, the bytes its entries hold above its op: the
+    most live at one entry, counting each copy made before the step from its entry on,
+    less what the whole-step stretches already count (the copies that live on)."""
+    events: dict[int, list[tuple[int, int]]] = {}
+    arriving: dict[int, int] = {}
+    for c in passing:
+        size = problem.nodes[c.node].size
+        events.setdefault(c.step, []).append((c.first, size))
+        if c.last is None:
+            arriving[c.step] = arriving.get(c.step, 0) + size
+        else:
+            events[c.step].append((c.last + 1, -size))
+    out = {}
+    for step, changes in events.items():
+        if len(changes) == 1 or all(change > 0 for _, change in changes):
+            continue  # nothing passes: every copy lives on, counted by its stretch
+        live = most = 0
+        for _, change in sorted(changes):
+            live += change
+            most = max(most, live)
+        out[step] = max(0, most - arriving.get(step, 0))
+    return out
+
+
+def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int, int]]], list[Passing]]:
+    """The closed step intervals each value occupies memory over, one per copy, and the
+    copies that pass within the entries before one step.
 
     A value has one copy per materialization: the op at its own step, then each
     recomputation (or reload) the schedule runs. Every read is served by the latest copy
@@ -133,6 +183,15 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     an op at a later step, or a scheduled recomputation of a value that reads it; a
     recomputation before step k comes before the op at k, and schedule entries before the
     same step run in schedule order.
+
+    A plan that recomputes some value more than once (a multi-level plan: the blocks
+    between two kept inputs rerun to rebuild each input in turn) is followed at the
+    granularity of the schedule's entries within a step: a recomputed copy made by an
+    entry and last read by a later entry before the same step is *passing*: it lives from
+    its entry to that read, not over the whole step; and the other copies made before a
+    step count from their entry on. A plan that recomputes each value once keeps whole
+    steps, the granularity the flat CP-SAT model encodes (never below the finer figure:
+    both bound what the emitted code holds, which frees each copy after its last read).
     """
     end = problem.last_step
     moves = {t.node: t for t in plan.transfers}
@@ -141,7 +200,7 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
     # value -> reads besides its readers' own ops: by scheduled recomputations, and by the
     # op that computes a value whose forward copy is unstored
     other_reads: dict[int, list[Key]] = {}
-    inline: dict[int, Key] = {}  # value with an unstored recomputation -> where it is scheduled
+    inline: dict[int, Key] = {}  # value with an unstored recomputation -> its first entry
     unstored: set[int] = set()  # values without a forward copy
     for v in range(problem.n_forward):
         reader = problem.computed_in(v)
@@ -157,7 +216,7 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
         if plan.decisions.get(s.node) is not Decision.RECOMPUTE:
             continue
         if not problem.nodes[s.node].stores(Copy.RECOMPUTED) and not problem.single_phase:
-            inline[s.node] = key
+            inline.setdefault(s.node, key)
             continue
         for d in set(problem.nodes[s.node].deps):
             other_reads.setdefault(d, []).append(key)
@@ -172,6 +231,8 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
             other_reads.setdefault(d, []).extend(served)
             served_at.setdefault(d, set()).update(r[0] for r in served)
     out: dict[int, list[tuple[int, int]]] = {}
+    passing: list[Passing] = []
+    multilevel = not problem.single_phase and any(len(c) > 1 for c in copies.values())
     for i, node in enumerate(problem.nodes):
         if node.resident or node.size == 0:
             continue
@@ -204,9 +265,23 @@ def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, i
                 if r is not None and last[j] == r[0] and (r == (taker, 1, 0) or (
                         r[1] == 0 and plan.schedule[r[2]].node == taker and r[0] not in served_at.get(i, ()))):
                     last[j] = r[0] - 1
-        out[i] = [(start, hi) for (key, start), hi in zip(made, last, strict=True)
-                  if key != inline.get(i) and not (key == (i, 1, 0) and i in unstored) and start <= hi]
-    return out
+        if i in inline:  # every recomputed copy is computed inside its readers
+            made, last, last_read = made[:1], last[:1], last_read[:1]
+        stretches = []
+        for (key, start), hi, r in zip(made, last, last_read, strict=True):
+            if (multilevel and key[1] == 0 and r is not None and r[1] == 0 and r[0] == key[0]
+                    and plan.decisions.get(i) is Decision.RECOMPUTE):
+                # ends one entry early where its last reader writes over it (hi < r[0])
+                if (upto := r[2] - (hi < r[0])) >= key[2]:
+                    passing.append(Passing(i, key[0], key[2], upto))
+                continue
+            if (key == (i, 1, 0) and i in unstored) or start > hi:
+                continue
+            if multilevel and key[1] == 0 and start == key[0]:
+                passing.append(Passing(i, key[0], key[2], None))
+            stretches.append((start, hi))
+        out[i] = stretches
+    return out, passing
 
 
 def _validate(problem: Problem, plan: Plan) -> None:
@@ -230,40 +305,82 @@ def _validate(problem: Problem, plan: Plan) -> None:
         raise PlanError(
             f"{problem.describe(i)} has a decision but nothing in the backward reads it"
         )
-    # Schedule: every rematerialized value exactly once, before its first consumer and
-    # after what it reads.
+    # Schedule: every rematerialized value before its first consumer and after what it
+    # reads; an offloaded value reloaded once, a recomputed one recomputed once or more
+    # (each later recomputation serving a read: the blocks of a multi-level plan).
     remat = {i for i, d in plan.decisions.items() if d is not Decision.SAVE}
-    position: dict[int, tuple[int, int]] = {}
+    position: dict[int, tuple[int, int]] = {}  # value -> its first entry (step, index)
+    entries: dict[int, list[int]] = {}  # value -> the indices of its entries
     last_before = f
     for k, s in enumerate(plan.schedule):
         if s.node not in remat:
             raise PlanError(f"schedule step {k} rematerializes #{s.node}, which is not recomputed or offloaded")
-        if s.node in position:
-            raise PlanError(f"schedule rematerializes {problem.describe(s.node)} twice")
+        if s.node in position and plan.decisions[s.node] is Decision.OFFLOAD:
+            raise PlanError(f"schedule reloads {problem.describe(s.node)} twice")
         if not f <= s.before <= problem.last_step:
             raise PlanError(f"schedule step {k}: {s.before} is not a backward step")
         if s.before < last_before:
             raise PlanError(f"schedule step {k} goes back to backward step {s.before}; steps must be in order")
         last_before = s.before
-        position[s.node] = (s.before, k)
+        position.setdefault(s.node, (s.before, k))
+        entries.setdefault(s.node, []).append(k)
     for i in remat - set(position):
         done = "recomputed" if plan.decisions[i] is Decision.RECOMPUTE else "offloaded"
         raise PlanError(f"{problem.describe(i)} is {done} but never scheduled")
     _validate_transfers(problem, plan, {i: before for i, (before, _) in position.items()})
-    for i, (before, k) in position.items():
+    for i, (before, _) in position.items():
         for b in problem.backward_uses[i]:
             if b < before:
                 raise PlanError(f"{problem.describe(i)} is read at step {b}, before it is rematerialized at {before}")
-        if plan.decisions[i] is Decision.RECOMPUTE:
-            for j in problem.nodes[i].deps:
-                dep = problem.nodes[j]
-                if dep.resident or dep.keep or plan.decisions.get(j) is Decision.SAVE:
-                    continue
-                if j not in position or position[j][1] > k:
-                    raise PlanError(
-                        f"recomputing {problem.describe(i)} reads {problem.describe(j)}, "
-                        "which is not available yet"
-                    )
+    for k, s in enumerate(plan.schedule):
+        if plan.decisions[s.node] is not Decision.RECOMPUTE:
+            continue
+        for j in problem.nodes[s.node].deps:
+            dep = problem.nodes[j]
+            if dep.resident or dep.keep or plan.decisions.get(j) is Decision.SAVE:
+                continue
+            if j not in position or position[j][1] > k:
+                raise PlanError(
+                    f"recomputing {problem.describe(s.node)} (schedule step {k}) reads "
+                    f"{problem.describe(j)}, which is not available yet"
+                )
+    _validate_repeats(problem, plan, entries)
+
+
+def _validate_repeats(problem: Problem, plan: Plan, entries: dict[int, list[int]]) -> None:
+    """A value recomputed more than once: each copy must serve a read."""
+    unread = unread_entries(problem, plan, entries)
+    if unread:
+        k = unread[0]
+        raise PlanError(
+            f"schedule step {k} recomputes {problem.describe(plan.schedule[k].node)}, but nothing "
+            "reads that copy before its next recomputation"
+        )
+
+
+def unread_entries(problem: Problem, plan: Plan, entries: dict[int, list[int]] | None = None) -> list[int]:
+    """The schedule entries of values recomputed more than once whose copy serves no read:
+    no backward step reads the value, and no recomputation of a reader is scheduled,
+    between the entry and the value's next one. ``entries``: each value's entry indices."""
+    if entries is None:
+        entries = {}
+        for k, s in enumerate(plan.schedule):
+            entries.setdefault(s.node, []).append(k)
+    repeated = {i: ks for i, ks in entries.items() if len(ks) > 1}
+    if not repeated:
+        return []
+    end = len(plan.schedule)  # a backward op at step b reads after every entry before b
+    reads: dict[int, list[tuple[int, int]]] = {i: [(b, end) for b in problem.backward_uses[i]] for i in repeated}
+    for k, s in enumerate(plan.schedule):
+        for j in set(problem.nodes[s.node].deps) & repeated.keys():
+            reads[j].append((s.before, k))
+    out = []
+    for i, ks in repeated.items():
+        bounds = [(plan.schedule[k].before, k) for k in ks] + [(problem.last_step + 1, 0)]
+        for (lo, k), hi in itertools.pairwise(bounds):
+            if not any((lo, k) < r < hi for r in reads[i]):
+                out.append(k)
+    return sorted(out)
 
 
 def _validate_decision(problem: Problem, i: int, d: Decision) -> None:

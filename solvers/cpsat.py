@@ -120,6 +120,7 @@ from ortools.sat.python import cp_model
 
 if TYPE_CHECKING:
     from solvers import chain as chain_model
+from solvers import multilevel
 from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, plan_from_decisions
@@ -554,7 +555,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
 
 def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     """On a problem of at least ``CHAIN_ONLY_CANDIDATES`` decisions, the cheapest plan that
-    fits among the greedy's, checkpointing's and the chain model's, the chain model given
+    fits among the greedy's, checkpointing's, the multi-level one's and the chain model's, the chain model given
     the whole time limit; None on a smaller problem (the flat search runs then). Status
     FEASIBLE: no bound is proven (gap 100%). Where none fits, raises
     :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
@@ -569,7 +570,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     built = chain.build_chain(problem, config)
     left = replace(config, time_limit=chain._rest(config, t0))
     found = [greedy(problem, SolverConfig(time_limit=share)), *checkpointing(problem, config),
-             chain.solve(problem, left, chain=built)]
+             multilevel.solve(problem, config), chain.solve(problem, left, chain=built)]
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
@@ -645,13 +646,14 @@ def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
 
 def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """Plans found without the flat search, each judged by the checker: the checkpointing
-    baselines (:func:`checkpointing`) and, on problems of at least
+    baselines (:func:`checkpointing`), the multi-level plan (:mod:`solvers.multilevel`)
+    and, on problems of at least
     ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
     ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
     every search, so no search ends on a plan dearer than one of them."""
     from solvers import chain  # it plans each segment with this module
 
-    out = checkpointing(problem, config)
+    out = [*checkpointing(problem, config), multilevel.solve(problem, config)]
     out.extend(stated(problem))
     # Not under ``config.deterministic``: every span would be planned (no wall-clock
     # deadline), minutes on a 300-value graph.
@@ -786,6 +788,7 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_mo
 
     unbudgeted = problem.with_budget(None)
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
+    plans.append(multilevel.min_peak(unbudgeted, config).plan)
     if built is not None:
         plans.append(chain.min_peak(unbudgeted, config, chain=built).plan)
     elif len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:

@@ -9,6 +9,11 @@ or through another rematerialized value, in topological order within a step; an 
 is copied out beside the step after its last forward use and back beside the step before
 that first backward need.
 
+A recomputed value may be scheduled more than once (a *multi-level* plan: the blocks
+between two kept block inputs rerun to rebuild each input in turn, their values dropped
+again until their own backward); every read takes the latest copy made before it, and
+each copy must serve a read. An offloaded value is reloaded once.
+
 On a single-phase problem (no backward, :attr:`Problem.single_phase`) a plan names the
 recomputed values only, and its schedule may recompute a value several times, before any
 steps after its own (:mod:`solvers.singlephase.anywhere`); every read takes the latest copy.
