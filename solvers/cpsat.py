@@ -576,7 +576,10 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
                   key=lambda r: r.report.peak)  # type: ignore[union-attr]
         assert low.report is not None and low.plan is not None
-        raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan), problem)
+        if not low.report.fits:  # a least-peak plan may fit where the budgeted searches missed
+            raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan),
+                        problem)
+        fitting = [low]
     best = min(fitting, key=lambda r: r.objective)
     return replace(best, status=Status.FEASIBLE, bound=0.0, wall_time=time.perf_counter() - t0,
                    stats={**best.stats, "from": best.solver})

@@ -18,33 +18,35 @@ segment's values at a time, where checkpointing every k-th boundary (one recompu
 each value) holds all k segments' values until their own backward. A group of one segment
 is checkpointing that segment.
 
-The model. With :math:`b_s` the bytes of :math:`x_s`, :math:`u` the largest of them,
-:math:`F_s` the seconds a sweep spends in segment s, :math:`B_s` those of its leaf, and
-:math:`E_s` the bytes live during segment s's backward besides the boundaries (the
-reference plan's, which saves every boundary and recomputes every segment: its largest
-live bytes over the segment's window, less the boundaries saved before it), the j-th group
-:math:`[a, e]` (counted from the first) costs
+The model. With :math:`b_s` the bytes of :math:`x_s`, :math:`F_s` the seconds a sweep
+spends in segment s, :math:`B_s` those of its leaf, and :math:`E_s` the bytes live during
+segment s's backward besides the boundaries (from the reference plan, which saves every
+boundary and recomputes every segment: its largest live bytes over the backward steps the
+segment owns, less the boundaries before it still live there; a step is owned by the
+segment whose window began last), a group :math:`[a, e]` costs
 
 .. math::
 
     c(a, e) = \sum_{s=a}^{e-1} F_s + \sum_{s=a}^{e} B_s
 
-and fits the budget :math:`M` where, while each of its segments' backward runs, the
-inputs of the groups before it, its boundaries not yet consumed and that segment's own
-bytes fit:
+and the j-th group fits the budget :math:`M` where, while each of its segments' backward
+runs, the inputs kept so far (:math:`K_j`, of groups 2..j), its boundaries not yet
+consumed and that segment's own bytes fit:
 
 .. math::
 
-    (j - 1)\,u + \max_{a \le s \le e} \Big(\sum_{a \le r < s} b_r + E_s\Big) \le M.
+    K_j + \max_{a \le s \le e} \Big(\sum_{a \le r < s} b_r + E_s\Big) \le M,
+    \qquad K_j = \sum_{i=2}^{j} b_{a_i - 1}.
 
-A dynamic program over (groups so far, last segment of the last group) finds the split of
-least total cost exactly for this model, in :math:`O(n^2)` array operations of length
-:math:`n`. A boundary that cannot be recomputed, or that a segment other than the next
-reads, ends a group. The composed plan goes to
-the checker, which stays the judge; where it finds the plan over budget (the model's
-:math:`E_s` are the reference plan's, not the grouped plan's), the split is searched again
-with the budget lowered by the excess (below the split's own figure where the same split
-comes back), up to ``TIGHTEN`` times.
+A dynamic program over (units of kept inputs, last segment of the last group) finds the
+split of least total cost exactly for this model, the kept inputs counted in units of the
+median boundary, each rounded up (:func:`input_units`), in :math:`O(n^2)` array operations
+of length :math:`M` / unit. A boundary that cannot be recomputed, or that a segment other
+than the next reads, ends a group. The composed plan goes to the checker, which stays the
+judge; where it finds the plan over budget (the model's :math:`E_s` are the reference
+plan's, not the grouped plan's), the split is searched again with the budget lowered by
+the excess (below the split's own figure where the same split comes back), up to
+``TIGHTEN`` times.
 
 Recomputing each segment's values twice is what pays at budgets below checkpointing every
 segment, where every single-recomputation plan holds at least one group's values at once;
@@ -63,7 +65,7 @@ import numpy as np
 
 from solvers.baselines import plan_with
 from solvers.chain import Segment, find_segments
-from solvers.checker import check, unread_entries
+from solvers.checker import check, unread_entries, value_intervals
 from solvers.plan import Decision, Plan, Step, needed_values
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
@@ -128,14 +130,29 @@ def measure(problem: Problem) -> Chain | None:
                 anchor[v] = min(needs)
         leaves.append(anchor)
     sweeps = [sweep_of(s) if s < len(boundary) and boundary[s] in recomputed else () for s in range(len(segments))]
-    reference = check(problem.with_budget(None), plan_with(problem, {v for v in recomputed if v in interior}))
-    own = []
-    for k, seg in enumerate(segments):
-        if seg.window is None:
-            own.append(0)
-            continue
-        held = sum(nodes[b].size for b in boundary[:k])
-        own.append(max(0, max(reference.timeline[seg.window[0]:seg.window[1] + 1]) - held))
+    unbudgeted = problem.with_budget(None)
+    plan = plan_with(problem, {v for v in recomputed if v in interior})
+    reference, spans = check(unbudgeted, plan), value_intervals(unbudgeted, plan)
+    # Each backward step belongs to the segment whose window began last (a window may reach
+    # far: one late read of a segment's value), the steps before every window to the first.
+    # Less the boundaries before the owner still live there, what is left is the owner's.
+    starts = sorted((seg.window[0], k) for k, seg in enumerate(segments) if seg.window is not None)
+    steps = np.arange(problem.n_forward, len(nodes))
+    firsts = np.array([w for w, _ in starts] or [0])
+    owners = np.array([k for _, k in starts] or [0])
+    owner = owners[np.maximum(np.searchsorted(firsts, steps, side="right") - 1, 0)]
+    held = np.zeros(len(steps))
+    for r, x in enumerate(boundary):
+        for lo, hi in spans.get(x, ()):
+            lo, hi = max(lo, problem.n_forward), hi + 1
+            if lo < hi:
+                part = slice(lo - problem.n_forward, hi - problem.n_forward)
+                held[part] += nodes[x].size * (owner[part] > r)
+    rest = np.array(reference.timeline[problem.n_forward:]) - held
+    own = [0] * len(segments)
+    for k in range(len(segments)):
+        mine = rest[owner == k]
+        own[k] = int(mine.max()) if len(mine) else 0
     return Chain(
         segments=tuple(segments),
         boundary=boundary,
@@ -168,43 +185,68 @@ def groups_model(problem: Problem, chain: Chain) -> tuple[np.ndarray, np.ndarray
     return cost, need
 
 
+def input_units(problem: Problem, chain: Chain) -> tuple[int, list[int]]:
+    """The unit :func:`split` counts kept inputs in (the median boundary's bytes) and, for
+    each segment a, the units of its input :math:`x_{a-1}` rounded up (0 for the first)."""
+    sizes = [problem.nodes[x].size for x in chain.boundary]
+    unit = max(1, int(np.median([b for b in sizes if b] or [1])))
+    return unit, [0] + [-(-b // unit) for b in sizes]
+
+
 def split(problem: Problem, chain: Chain, budget: float) -> list[tuple[int, int]] | None:
     """The groups ``(a, e)`` of least total cost that fit ``budget`` in the model (module
     docstring), first to last; None where no split fits.
 
-    ``best[e]`` after round j is the least cost of j groups covering segments 0..e, the
-    last ending at e; ``start[j][e]`` where that last group starts."""
+    The kept inputs are counted in units of the median boundary's bytes, each rounded up
+    (:func:`input_units`: never below its size). ``best[k, e]`` is the least cost of groups covering segments
+    0..e whose inputs take k units, ``start[k, e]`` where the last of them starts."""
     n = chain.n
-    u = max(problem.nodes[x].size for x in chain.boundary)
+    unit, weight = input_units(problem, chain)
+    units = int(budget // unit) + 1 if budget >= 0 else 0
+    if units == 0:
+        return None
     cost, need = groups_model(problem, chain)
-    best = np.where(need[0] <= budget, cost[0], np.inf)
-    starts = [np.zeros(n, dtype=np.int64)]
-    totals = [best[n - 1]]
-    for j in range(2, n + 1):
-        room = budget - (j - 1) * u
-        if room < 0 or not np.isfinite(best[:-1]).any():
-            break
-        before = np.concatenate([[np.inf], best[:-1]])  # groups covering 0..a-1
-        candidate = np.where(need <= room, before[:, None] + cost, np.inf)
-        starts.append(candidate.argmin(axis=0))
-        best = candidate[starts[-1], np.arange(n)]
-        totals.append(best[n - 1])
-    j = int(np.argmin(totals)) + 1
-    if not np.isfinite(totals[j - 1]):
+    best = np.full((units, n), np.inf)
+    start = np.full((units, n), -1, dtype=np.int64)
+    held = np.arange(units) * unit  # bytes of the kept inputs, k units
+    for e in range(n):
+        for a in range(e + 1):
+            if not np.isfinite(cost[a, e]):
+                continue
+            w = weight[a]
+            if w >= units:
+                continue
+            if a == 0:
+                before = np.full(units, np.inf)
+                before[0] = 0.0
+            else:
+                before = np.full(units, np.inf)
+                before[w:] = best[:units - w, a - 1]
+            total = np.where(held + need[a, e] <= budget, before + cost[a, e], np.inf)
+            better = total < best[:, e]
+            best[better, e] = total[better]
+            start[better, e] = a
+    k = int(np.argmin(best[:, n - 1]))
+    if not np.isfinite(best[k, n - 1]):
         return None
     groups, e = [], n - 1
-    for g in range(j, 0, -1):
-        a = int(starts[g - 1][e])
+    while e >= 0:
+        a = int(start[k, e])
         groups.append((a, e))
+        k -= weight[a]
         e = a - 1
     return groups[::-1]
 
 
 def model_peak(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -> float:
-    """The largest left side of the model's memory constraint over ``groups``."""
-    u = max(problem.nodes[x].size for x in chain.boundary)
+    """The largest left side of the model's memory constraint over ``groups`` (kept inputs
+    at their bytes)."""
     _, need = groups_model(problem, chain)
-    return max((j - 1) * u + need[a, e] for j, (a, e) in enumerate(groups, start=1))
+    kept, most = 0, 0.0
+    for a, e in groups:
+        kept += problem.nodes[chain.boundary[a - 1]].size if a > 0 else 0
+        most = max(most, kept + need[a, e])
+    return most
 
 
 def compose(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -> Plan:
@@ -276,10 +318,13 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: 
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=time.perf_counter() - t0, solver="multilevel-min-peak")
     unbudgeted = problem.with_budget(None)
-    _, need = groups_model(problem, chain)
-    low, high = float(np.nanmin(np.where(np.isfinite(need), need, np.nan))), float(sum(n.size for n in problem.nodes))
-    while split(problem, chain, low) is None and low < high:  # the model's least feasible budget
-        low = low * 1.05 + 1
+    # The model's least feasible budget, to 0.1%: every segment a group of its own fits at its
+    # own figure, and nothing fits below zero.
+    low, high = 0.0, model_peak(problem, chain, [(s, s) for s in range(chain.n)])
+    while high - low > 1e-3 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if split(problem, chain, mid) is not None else (mid, high)
+    low = high
     plans = [compose(problem, chain, g) for b in np.geomspace(max(low, 1), max(low, 1) * 2, 8)
              if (g := split(problem, chain, float(b))) is not None]
     best = min(plans, key=lambda p: check(unbudgeted, p).peak)

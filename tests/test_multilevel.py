@@ -10,6 +10,8 @@ from functools import cache
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import rematc
 import rematc.partition
@@ -34,6 +36,7 @@ from solvers.baselines import checkpoint_every
 from solvers.plan import Step
 from solvers.problem import chain_problem
 from tests.helpers import assert_same_step, run_step
+from tests.test_cpsat import small_problems
 from tests.test_measured_peak import PEAK_TOLERANCE, measured_step_peak
 
 R, S = Decision.RECOMPUTE, Decision.SAVE
@@ -103,16 +106,33 @@ def test_bad_multilevel_schedules_name_the_value(plan: Plan, message: str) -> No
 
 
 def brute_force(problem: Problem, measured: multilevel.Chain, budget: float) -> float:
-    """The least model cost over every split of the chain into groups (inf if none fits)."""
+    """The least model cost over every split of the chain into groups (inf if none fits):
+    each group fits with the inputs kept up to it (in :func:`multilevel.input_units`)."""
     cost, need = multilevel.groups_model(problem, measured)
-    u = max(problem.nodes[x].size for x in measured.boundary)
+    unit, weight = multilevel.input_units(problem, measured)
     n, best = measured.n, float("inf")
     for cuts in itertools.product([False, True], repeat=n - 1):
         starts = [0, *(k + 1 for k, c in enumerate(cuts) if c)]
         groups = list(zip(starts, [*(s - 1 for s in starts[1:]), n - 1], strict=True))
-        if all((j - 1) * u + need[a, e] <= budget for j, (a, e) in enumerate(groups, 1)):
+        kept = itertools.accumulate(weight[a] for a, _ in groups)
+        if all(k * unit + need[a, e] <= budget for k, (a, e) in zip(kept, groups, strict=True)):
             best = min(best, sum(cost[a, e] for a, e in groups))
     return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(problem=small_problems(offload=True), cuts=st.lists(st.booleans(), min_size=6, max_size=6))
+def test_every_split_of_a_random_graph_gives_a_plan_the_checker_accepts(problem: Problem, cuts: list[bool]) -> None:
+    """Whatever the chain (boundaries a later segment reads too, ones that cannot be
+    recomputed), the plan of any split runs: check raises nothing."""
+    measured = multilevel.measure(problem)
+    assume(measured is not None)
+    assert measured is not None
+    chosen = [c for c, _ in zip(cuts, range(measured.n - 1), strict=False)]
+    chosen += [False] * (measured.n - 1 - len(chosen))
+    starts = [0, *(k + 1 for k, c in enumerate(chosen) if c)]
+    groups = list(zip(starts, [*(s - 1 for s in starts[1:]), measured.n - 1], strict=True))
+    check(problem, multilevel.compose(problem, measured, groups))
 
 
 @pytest.mark.parametrize("n_layer", [2, 3])
