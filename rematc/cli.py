@@ -51,8 +51,11 @@ if TYPE_CHECKING:
 # cpsat: the default planner; chain: the chain model alone (solvers.chain); checkpoint:
 # keep each segment boundary, recompute the rest (torch.utils.checkpoint around every
 # block); checkpoint-2, -4: keep every 2nd, 4th; selective: save the outputs of ops with
-# FLOPs (matmuls, attention), recompute the rest; greedy; save_all.
-SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "selective", "greedy", "save_all")
+# FLOPs (matmuls, attention), recompute the rest; multilevel: keep one block input in
+# several, rerun the blocks between from the nearest kept one (solvers.multilevel);
+# greedy; save_all.
+SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "selective", "multilevel", "greedy",
+           "save_all")
 DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
 TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
@@ -396,6 +399,10 @@ def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress:
         from solvers import chain
 
         return Solved(chain.solve(problem, config), False, None)
+    if solver == "multilevel":
+        from solvers import multilevel
+
+        return Solved(multilevel.solve(problem, config), False, None)
     from solvers.progress import solve_watched
 
     if not progress:

@@ -249,15 +249,18 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
     """The options of one cut: its reference (recompute every interior value but the inner
     boundaries; first), save them all, recompute the free ones, recompute all (inner
     boundaries too), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least peak
-    to saving all. Pareto-dominated ones dropped, the reference kept."""
+    to saving all. Pareto-dominated ones dropped, the reference kept. An option is its
+    decisions, so plans that recompute a value more than once are neither sought nor kept
+    (their schedule is more than their decisions)."""
     from solvers import planner  # cpsat seeds its search with this module's plans
 
     p = c.problem
+    config = replace(config, multilevel=False)
     plans = _fixed_plans(c)
     low = plans[0][1]
     if _in_time(deadline, config):
         least = planner.min_feasible_peak(p, replace(config, time_limit=_left(deadline, config)))
-        if least.plan is not None:
+        if least.plan is not None and not least.plan.multilevel:
             plans.append(("least-peak", least.plan))
             low = least.plan
     lo = check(p, low).peak
@@ -270,7 +273,7 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
             r = planner.solve(p.with_budget(budget), replace(config, time_limit=_left(deadline, config)))
         except InfeasibleBudgetError:
             continue
-        if r.plan is not None:
+        if r.plan is not None and not r.plan.multilevel:
             plans.append((f"cpsat@{k}/{SWEEP}", r.plan))
     return _judged(p, plans)
 

@@ -570,7 +570,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     built = chain.build_chain(problem, config)
     left = replace(config, time_limit=chain._rest(config, t0))
     found = [greedy(problem, SolverConfig(time_limit=share)), *checkpointing(problem, config),
-             multilevel.solve(problem, config), chain.solve(problem, left, chain=built)]
+             *grouped(problem, config), chain.solve(problem, left, chain=built)]
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
@@ -647,16 +647,20 @@ def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     return [*(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY), selective(problem, config)]
 
 
+def grouped(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+    """The multi-level plan (:mod:`solvers.multilevel`) where ``config.multilevel``."""
+    return [multilevel.solve(problem, config)] if config.multilevel else []
+
+
 def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """Plans found without the flat search, each judged by the checker: the checkpointing
-    baselines (:func:`checkpointing`), the multi-level plan (:mod:`solvers.multilevel`)
-    and, on problems of at least
+    baselines (:func:`checkpointing`), the multi-level plan (:func:`grouped`) and, on problems of at least
     ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
     ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
     every search, so no search ends on a plan dearer than one of them."""
     from solvers import chain  # it plans each segment with this module
 
-    out = [*checkpointing(problem, config), multilevel.solve(problem, config)]
+    out = [*checkpointing(problem, config), *grouped(problem, config)]
     out.extend(stated(problem))
     # Not under ``config.deterministic``: every span would be planned (no wall-clock
     # deadline), minutes on a 300-value graph.
@@ -791,7 +795,8 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_mo
 
     unbudgeted = problem.with_budget(None)
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
-    plans.append(multilevel.min_peak(unbudgeted, config).plan)
+    if config.multilevel:
+        plans.append(multilevel.min_peak(unbudgeted, config).plan)
     if built is not None:
         plans.append(chain.min_peak(unbudgeted, config, chain=built).plan)
     elif len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:

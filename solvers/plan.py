@@ -78,6 +78,12 @@ class Plan:
         object.__setattr__(self, "schedule", tuple(self.schedule))
         object.__setattr__(self, "transfers", tuple(self.transfers))
 
+    @property
+    def multilevel(self) -> bool:
+        """Whether the schedule recomputes some value more than once."""
+        nodes = [s.node for s in self.schedule]
+        return len(nodes) != len(set(nodes))
+
     def of(self, decision: Decision) -> tuple[int, ...]:
         return tuple(sorted(i for i, d in self.decisions.items() if d is decision))
 

@@ -43,6 +43,9 @@ class SolverConfig:
     # "Determinism").
     deterministic: bool = False
     log: bool = False  # CP-SAT's own search log to stderr
+    # Offer plans that recompute a value more than once (solvers.multilevel) beside the
+    # others. Off where a caller keeps a plan's decisions only (the chain model's options).
+    multilevel: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -735,3 +735,7 @@ def test_baselines_and_the_chain_model_solve_a_model_traced_on_meta(
     assert rc == rc_all == 0 and chosen["solver"] == "selective"
     assert chosen["peak_after"] < json.loads(text)["peak_after"]
     assert 0 < chosen["added_time"] < every["added_time"]
+    # Multi-level recomputation fits checkpointing's peak too, judged alike.
+    rc, text, _ = run(capsys, "solve", out, "--solver", "multilevel", "--budget", every["peak_after"], "--json")
+    grouped = json.loads(text)
+    assert rc == 0 and grouped["solver"] == "multilevel" and grouped["peak_after"] <= every["peak_after"]
