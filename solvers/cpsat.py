@@ -568,9 +568,10 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
 
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     built = chain.build_chain(problem, config)
-    left = replace(config, time_limit=chain._rest(config, t0))
     found = [greedy(problem, SolverConfig(time_limit=share)), *checkpointing(problem, config),
-             *grouped(problem, config), chain.solve(problem, left, chain=built)]
+             *grouped(problem, config)]
+    left = replace(config, time_limit=chain._rest(config, t0))
+    found.append(chain.solve(problem, left, chain=built))
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
