@@ -130,29 +130,7 @@ def measure(problem: Problem) -> Chain | None:
                 anchor[v] = min(needs)
         leaves.append(anchor)
     sweeps = [sweep_of(s) if s < len(boundary) and boundary[s] in recomputed else () for s in range(len(segments))]
-    unbudgeted = problem.with_budget(None)
-    plan = plan_with(problem, {v for v in recomputed if v in interior})
-    reference, spans = check(unbudgeted, plan), value_intervals(unbudgeted, plan)
-    # Each backward step belongs to the segment whose window began last (a window may reach
-    # far: one late read of a segment's value), the steps before every window to the first.
-    # Less the boundaries before the owner still live there, what is left is the owner's.
-    starts = sorted((seg.window[0], k) for k, seg in enumerate(segments) if seg.window is not None)
-    steps = np.arange(problem.n_forward, len(nodes))
-    firsts = np.array([w for w, _ in starts] or [0])
-    owners = np.array([k for _, k in starts] or [0])
-    owner = owners[np.maximum(np.searchsorted(firsts, steps, side="right") - 1, 0)]
-    held = np.zeros(len(steps))
-    for r, x in enumerate(boundary):
-        for lo, hi in spans.get(x, ()):
-            lo, hi = max(lo, problem.n_forward), hi + 1
-            if lo < hi:
-                part = slice(lo - problem.n_forward, hi - problem.n_forward)
-                held[part] += nodes[x].size * (owner[part] > r)
-    rest = np.array(reference.timeline[problem.n_forward:]) - held
-    own = [0] * len(segments)
-    for k in range(len(segments)):
-        mine = rest[owner == k]
-        own[k] = int(mine.max()) if len(mine) else 0
+    reference = plan_with(problem, {v for v in recomputed if v in interior})
     return Chain(
         segments=tuple(segments),
         boundary=boundary,
@@ -161,8 +139,32 @@ def measure(problem: Problem) -> Chain | None:
         leaf=tuple(leaves),
         sweep_time=tuple(sum(nodes[v].time for v in s) for s in sweeps),
         leaf_time=tuple(sum(nodes[v].time for v in a) for a in leaves),
-        own=tuple(own),
+        own=own_bytes(problem, segments, boundary, reference),
     )
+
+
+def own_bytes(problem: Problem, segments: Sequence[Segment], boundary: Sequence[int], reference: Plan
+              ) -> tuple[int, ...]:
+    """:math:`E_s` for each segment: the most bytes ``reference`` (every boundary saved,
+    every segment recomputed) holds at a backward step the segment owns, less the
+    boundaries before it still live there. A step belongs to the segment whose window began
+    last (a window may reach far: one late read of a segment's value); the steps before
+    every window, to the first."""
+    unbudgeted = problem.with_budget(None)
+    timeline, spans = check(unbudgeted, reference).timeline, value_intervals(unbudgeted, reference)
+    f = problem.n_forward
+    starts = sorted((seg.window[0], k) for k, seg in enumerate(segments) if seg.window is not None)
+    firsts = np.array([w for w, _ in starts] or [0])
+    owners = np.array([k for _, k in starts] or [0])
+    owner = owners[np.maximum(np.searchsorted(firsts, np.arange(f, len(problem.nodes)), side="right") - 1, 0)]
+    held = np.zeros(len(owner))
+    for r, x in enumerate(boundary):
+        for lo, hi in spans.get(x, ()):
+            if max(lo, f) <= hi:
+                part = slice(max(lo, f) - f, hi + 1 - f)
+                held[part] += problem.nodes[x].size * (owner[part] > r)
+    rest = np.array(timeline[f:]) - held
+    return tuple(int(rest[owner == k].max()) if (owner == k).any() else 0 for k in range(len(segments)))
 
 
 def groups_model(problem: Problem, chain: Chain) -> tuple[np.ndarray, np.ndarray]:
