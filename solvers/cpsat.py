@@ -118,8 +118,6 @@ from typing import TYPE_CHECKING
 
 from ortools.sat.python import cp_model
 
-if TYPE_CHECKING:
-    from solvers import chain as chain_model
 from solvers import multilevel
 from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import Report, check
@@ -138,6 +136,9 @@ from solvers.sat import (
     search_stats,
     spent,
 )
+
+if TYPE_CHECKING:
+    from solvers import chain as chain_model
 
 log = logging.getLogger(__name__)
 
@@ -555,8 +556,9 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
 
 def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     """On a problem of at least ``CHAIN_ONLY_CANDIDATES`` decisions, the cheapest plan that
-    fits among the greedy's, checkpointing's, the multi-level one's and the chain model's, the chain model given
-    the whole time limit; None on a smaller problem (the flat search runs then). Status
+    fits among the greedy's, checkpointing's, the multi-level one's and the chain model's,
+    the chain model given what is left of the time limit; None on a smaller problem (the
+    flat search runs then). Status
     FEASIBLE: no bound is proven (gap 100%). Where none fits, raises
     :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
     proven least: the flat search, which could prove it, does not finish at this size)."""
@@ -655,8 +657,8 @@ def grouped(problem: Problem, config: SolverConfig) -> list[SolveResult]:
 
 def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """Plans found without the flat search, each judged by the checker: the checkpointing
-    baselines (:func:`checkpointing`), the multi-level plan (:func:`grouped`) and, on problems of at least
-    ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
+    baselines (:func:`checkpointing`), the multi-level plan (:func:`grouped`) and, on
+    problems of at least ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
     ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
     every search, so no search ends on a plan dearer than one of them."""
     from solvers import chain  # it plans each segment with this module
@@ -830,7 +832,9 @@ def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
 def hint(model: Model, plan: Plan) -> None:
     """Start the search from ``plan`` (:func:`seed`'s)."""
     p = model.problem
-    anchor = {s.node: s.before for s in plan.schedule}
+    anchor: dict[int, int] = {}
+    for s in plan.schedule:  # a value recomputed more than once: its first recomputation
+        anchor.setdefault(s.node, s.before)
     last: dict[int, int] = {}  # L_v, users first: a user in U_R passes on its own
     for v in sorted(model.S, reverse=True):
         decision = plan.decisions.get(v)
