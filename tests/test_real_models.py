@@ -2,7 +2,8 @@
 ResNet, end to end on the eager route: at their smallest feasible byte budget, at "70%",
 split by a graph break before the loss, with their own activation checkpointing, and
 under CPU bf16 autocast. Loss and every gradient equal eager's; the measured peak keeps
-within the budget (single-graph steps). Inductor runs a chosen two."""
+within the budget (single-graph steps; in bf16, plus the scratch oneDNN's matrix products
+allocate, which the model does not count). Inductor runs a chosen two."""
 
 from __future__ import annotations
 
@@ -62,6 +63,23 @@ def step(model: torch.nn.Module, fn, inputs, variant: str):  # type: ignore[no-u
     return out[0], grads, peak
 
 
+def half_matmul_scratch(model: torch.nn.Module, tokens: int) -> int:
+    """The most bytes one bf16 matrix product of ``model``'s linear layers allocates beside
+    its output while it runs, over the three products of each weight (forward, input
+    gradient, weight gradient) at ``tokens`` rows. oneDNN's bf16 kernels on CPUs with
+    AVX512-BF16 or AMX pack an operand into scratch this way (tens of kB at these sizes);
+    elsewhere it is 0. rematc's memory model does not count it (docs/memory-model.md), so a
+    bf16 step there may peak above the prediction by up to this much."""
+    most = 0
+    for w in {tuple(p.shape) for p in model.parameters() if p.dim() == 2}:
+        out_f, in_f = w
+        for m, k, n in ((tokens, in_f, out_f), (tokens, out_f, in_f), (in_f, tokens, out_f)):
+            a, b = torch.zeros(m, k, dtype=torch.bfloat16), torch.zeros(k, n, dtype=torch.bfloat16)
+            a @ b  # oneDNN builds its kernel on the first call
+            most = max(most, profiler_peak(lambda a=a, b=b: a @ b) - m * n * 2)
+    return most
+
+
 def budget_for(name: str, variant: str, compiler: str) -> object:
     """The byte budget a 1-byte budget's error states (the smallest), else the fraction."""
     if variant != "smallest":
@@ -104,8 +122,10 @@ def check_model(name: str, variant: str, compiler: str) -> None:
     elif len(records) == 1:
         (record,) = records
         assert record.budget is not None and record.predicted_peak <= record.budget
-        assert peak <= record.budget * (1 + PEAK_TOLERANCE), (
-            f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B")
+        scratch = half_matmul_scratch(model, inputs[0].numel()) if variant == "bf16" else 0
+        assert peak <= record.budget * (1 + PEAK_TOLERANCE) + scratch, (
+            f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B, "
+            f"bf16 matmul scratch {scratch} B")
 
 
 @pytest.mark.slow
