@@ -200,8 +200,9 @@ def split(problem: Problem, chain: Chain, budget: float) -> list[tuple[int, int]
     docstring), first to last; None where no split fits.
 
     The kept inputs are counted in units of the median boundary's bytes, each rounded up
-    (:func:`input_units`: never below its size). ``best[k, e]`` is the least cost of groups covering segments
-    0..e whose inputs take k units, ``start[k, e]`` where the last of them starts."""
+    (:func:`input_units`: never below its size). ``best[k, e]`` is the least cost of
+    groups covering segments 0..e whose inputs take k units, ``start[k, e]`` where the
+    last of them starts."""
     n = chain.n
     unit, weight = input_units(problem, chain)
     units = int(budget // unit) + 1 if budget >= 0 else 0
