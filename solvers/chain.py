@@ -396,6 +396,9 @@ class Chain:
     options: tuple[tuple[Option, ...], ...]  # per span; [0] is its reference
     reference: Report  # the checker's verdict on R: every one-segment span at its reference
     distinct: int  # spans of distinct shapes, each planned once
+    # Seconds one plan took to compose and check (R's): a solve keeps that much of its time
+    # limit for its last plan (half a second on a 405B-shaped step).
+    judge_s: float = 0.0
 
     @functools.cached_property
     def step_owners(self) -> tuple[int | None, ...]:
@@ -497,10 +500,11 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
             cuts.append(c)
     opts = tuple(tuple(by_shape[c.signature]) for c in cuts)
     singles = [i for i, (a, b) in enumerate(spans) if a == b]
+    t0 = time.perf_counter()
     reference = check(problem.with_budget(None),
                       compose(problem, [cuts[i] for i in singles], [opts[i][0] for i in singles]))
     return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
-                 distinct=len(by_shape))
+                 distinct=len(by_shape), judge_s=time.perf_counter() - t0)
 
 
 def owners(chain: Chain) -> list[int | None]:
@@ -605,8 +609,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     target = budget
     singles = False  # the last try plans one segment at a time: where windows do not
     # interleave, the model then counts what the checker counts
+    reserve = 0.0 if config.deterministic else chain.judge_s
     for attempt in range(1, TIGHTEN + 2):
-        chosen = solve_chain(chain, target, replace(config, time_limit=_rest(config, t0)), singles=singles)
+        left = max(0.1, _rest(config, t0) - reserve)
+        chosen = solve_chain(chain, target, replace(config, time_limit=left), singles=singles)
         if chosen is not None:
             plan = chain.plan(chosen[0])
             report = check(problem, plan)
