@@ -135,13 +135,6 @@ class Passing:
     last: int | None
 
 
-def live_intervals(problem: Problem, plan: Plan) -> list[tuple[int, int, int]]:
-    """``(first_step, last_step, bytes)`` for every stretch a value occupies memory over
-    whole steps (the copies of :class:`Passing` aside)."""
-    return [(lo, hi, problem.nodes[i].size)
-            for i, spans in value_intervals(problem, plan).items() for lo, hi in spans]
-
-
 def value_intervals(problem: Problem, plan: Plan) -> dict[int, list[tuple[int, int]]]:
     """The closed step intervals each value occupies memory over, one per copy (the
     passing copies of :func:`value_copies` aside)."""

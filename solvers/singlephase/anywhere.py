@@ -5,7 +5,7 @@ layered graphs of the Checkmate / Moccasin / FastSA benchmarks) run in their fix
 and any value may be freed and recomputed before any later step, more than once where that
 pays. This is Moccasin's problem (Bartan et al., 2023); the model is Moccasin's too —
 retention intervals and one cumulative constraint — with the checker's semantics
-(:func:`solvers.checker.live_intervals`): every read takes the latest copy made before it.
+(:func:`solvers.checker.value_intervals`): every read takes the latest copy made before it.
 
 Notation. Steps :math:`k = 0..N-1`; value :math:`v` computed at step :math:`v`, of
 :math:`s_v` bytes and :math:`t_v` seconds. Up to :math:`C` copies per value (``copies``):
