@@ -247,12 +247,16 @@ def _judged(problem: Problem, plan: Plan, name: str, t0: float) -> SolveResult:
 
 def plan_with(problem: Problem, recomputed: set[int]) -> Plan:
     """Recompute ``recomputed``; save everything else the backward or they read."""
+    return plan_from_decisions(problem, decisions_with(problem, recomputed))
+
+
+def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:
+    """:func:`plan_with`'s decisions: ``recomputed`` less what nothing reads, recomputed;
+    everything else the backward or they read, saved."""
     rec = set(recomputed)
     while True:  # a recomputed value nothing reads is dropped, and then what only it read
         needed = needed_values(problem, rec)
         if rec <= needed:
             break
         rec &= needed
-    decisions = {v: Decision.SAVE for v in needed}
-    decisions.update({v: Decision.RECOMPUTE for v in rec})
-    return plan_from_decisions(problem, decisions)
+    return {v: Decision.SAVE for v in needed} | {v: Decision.RECOMPUTE for v in rec}

@@ -63,10 +63,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.baselines import plan_with
+from solvers.baselines import decisions_with, plan_with
 from solvers.chain import Segment, find_segments
 from solvers.checker import check, unread_entries, value_intervals
-from solvers.plan import Decision, Plan, Step, needed_values
+from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
 
@@ -258,13 +258,8 @@ def compose(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -
     each segment's leaf at its own anchors; everything else the backward reads saved."""
     kept = {chain.boundary[a - 1] for a, _ in groups if a > 0}
     rec = {v for s in chain.leaf for v in s} | {v for a, e in groups for s in range(a, e) for v in chain.sweep[s]}
-    rec -= kept
-    while True:  # a recomputed value nothing reads is dropped, and then what only it read
-        needed = needed_values(problem, rec)
-        if rec <= needed:
-            break
-        rec &= needed
-    decisions = {v: Decision.SAVE for v in needed} | {v: Decision.RECOMPUTE for v in rec}
+    decisions = decisions_with(problem, rec - kept)
+    rec = {v for v, d in decisions.items() if d is Decision.RECOMPUTE}
     entries: list[tuple[int, int]] = []  # (before, value), in the order they run
     for a, e in reversed(groups):
         leaves = [(t, v) for s in range(e, a - 1, -1) for v, t in chain.leaf[s].items() if v in rec]
