@@ -56,6 +56,7 @@ takes whichever of its plans is cheapest.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -79,6 +80,7 @@ class Chain:
 
     segments: tuple[Segment, ...]
     boundary: tuple[int, ...]  # x_s, the value ending segment s (one fewer than segments)
+    size: tuple[int, ...]  # b_s, bytes of x_s
     movable: tuple[bool, ...]  # x_s may be rebuilt by a sweep (a group may run past it)
     sweep: tuple[tuple[int, ...], ...]  # values a sweep through segment s recomputes, in order
     leaf: tuple[dict[int, int], ...]  # value -> the step segment s's leaf recomputes it before
@@ -89,6 +91,27 @@ class Chain:
     @property
     def n(self) -> int:
         return len(self.segments)
+
+    @functools.cached_property
+    def groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """``cost[a, e]`` (seconds) and ``need[a, e]`` (the max term, bytes) of every group
+        ``[a, e]`` the chain allows; inf where a boundary inside cannot be recomputed.
+        Computed once: every split and every check of one reads them."""
+        n = self.n
+        cost = np.full((n, n), np.inf)
+        need = np.full((n, n), np.inf)
+        for a in range(n):
+            held, sweep, leaf, most = 0, 0.0, 0.0, 0
+            for e in range(a, n):
+                if e > a:
+                    if not self.movable[e - 1]:
+                        break
+                    held += self.size[e - 1]
+                    sweep += self.sweep_time[e - 1]
+                leaf += self.leaf_time[e]
+                most = max(most, held + self.own[e])
+                cost[a, e], need[a, e] = sweep + leaf, most
+        return cost, need
 
 
 def measure(problem: Problem) -> Chain | None:
@@ -134,6 +157,7 @@ def measure(problem: Problem) -> Chain | None:
     return Chain(
         segments=tuple(segments),
         boundary=boundary,
+        size=tuple(nodes[x].size for x in boundary),
         movable=tuple(movable),
         sweep=tuple(sweeps),
         leaf=tuple(leaves),
@@ -167,35 +191,14 @@ def own_bytes(problem: Problem, segments: Sequence[Segment], boundary: Sequence[
     return tuple(int(rest[owner == k].max()) if (owner == k).any() else 0 for k in range(len(segments)))
 
 
-def groups_model(problem: Problem, chain: Chain) -> tuple[np.ndarray, np.ndarray]:
-    """``cost[a, e]`` (seconds) and ``need[a, e]`` (the max term, bytes) of every group
-    ``[a, e]`` the chain allows; inf where a boundary inside cannot be recomputed."""
-    n = chain.n
-    cost = np.full((n, n), np.inf)
-    need = np.full((n, n), np.inf)
-    for a in range(n):
-        held, sweep, leaf, most = 0, 0.0, 0.0, 0
-        for e in range(a, n):
-            if e > a:
-                if not chain.movable[e - 1]:
-                    break
-                held += problem.nodes[chain.boundary[e - 1]].size
-                sweep += chain.sweep_time[e - 1]
-            leaf += chain.leaf_time[e]
-            most = max(most, held + chain.own[e])
-            cost[a, e], need[a, e] = sweep + leaf, most
-    return cost, need
-
-
-def input_units(problem: Problem, chain: Chain) -> tuple[int, list[int]]:
+def input_units(chain: Chain) -> tuple[int, list[int]]:
     """The unit :func:`split` counts kept inputs in (the median boundary's bytes) and, for
     each segment a, the units of its input :math:`x_{a-1}` rounded up (0 for the first)."""
-    sizes = [problem.nodes[x].size for x in chain.boundary]
-    unit = max(1, int(np.median([b for b in sizes if b] or [1])))
-    return unit, [0] + [-(-b // unit) for b in sizes]
+    unit = max(1, int(np.median([b for b in chain.size if b] or [1])))
+    return unit, [0] + [-(-b // unit) for b in chain.size]
 
 
-def split(problem: Problem, chain: Chain, budget: float) -> list[tuple[int, int]] | None:
+def split(chain: Chain, budget: float) -> list[tuple[int, int]] | None:
     """The groups ``(a, e)`` of least total cost that fit ``budget`` in the model (module
     docstring), first to last; None where no split fits.
 
@@ -204,11 +207,11 @@ def split(problem: Problem, chain: Chain, budget: float) -> list[tuple[int, int]
     groups covering segments 0..e whose inputs take k units, ``start[k, e]`` where the
     last of them starts."""
     n = chain.n
-    unit, weight = input_units(problem, chain)
+    unit, weight = input_units(chain)
     units = int(budget // unit) + 1 if budget >= 0 else 0
     if units == 0:
         return None
-    cost, need = groups_model(problem, chain)
+    cost, need = chain.groups
     best = np.full((units, n), np.inf)
     start = np.full((units, n), -1, dtype=np.int64)
     held = np.arange(units) * unit  # bytes of the kept inputs, k units
@@ -219,11 +222,10 @@ def split(problem: Problem, chain: Chain, budget: float) -> list[tuple[int, int]
             w = weight[a]
             if w >= units:
                 continue
+            before = np.full(units, np.inf)  # groups covering 0..a-1, by the units they keep
             if a == 0:
-                before = np.full(units, np.inf)
                 before[0] = 0.0
             else:
-                before = np.full(units, np.inf)
                 before[w:] = best[:units - w, a - 1]
             total = np.where(held + need[a, e] <= budget, before + cost[a, e], np.inf)
             better = total < best[:, e]
@@ -241,13 +243,13 @@ def split(problem: Problem, chain: Chain, budget: float) -> list[tuple[int, int]
     return groups[::-1]
 
 
-def model_peak(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -> float:
+def model_peak(chain: Chain, groups: Sequence[tuple[int, int]]) -> float:
     """The largest left side of the model's memory constraint over ``groups`` (kept inputs
     at their bytes)."""
-    _, need = groups_model(problem, chain)
+    _, need = chain.groups
     kept, most = 0, 0.0
     for a, e in groups:
-        kept += problem.nodes[chain.boundary[a - 1]].size if a > 0 else 0
+        kept += chain.size[a - 1] if a > 0 else 0
         most = max(most, kept + need[a, e])
     return most
 
@@ -289,7 +291,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
         target: float = budget
         tried: set[tuple[tuple[int, int], ...]] = set()
         for _ in range(TIGHTEN):
-            groups = split(problem, chain, target)
+            groups = split(chain, target)
             if groups is None:
                 break
             plan = compose(problem, chain, groups)
@@ -300,7 +302,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                                    stats={"groups": len(groups), "longest_group": max(e - a + 1 for a, e in groups)})
             target -= report.peak - budget
             if tuple(groups) in tried:  # the same split again: below what the model gives it
-                target = min(target, model_peak(problem, chain, groups) - 1)
+                target = min(target, model_peak(chain, groups) - 1)
             tried.add(tuple(groups))
     return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                        wall_time=time.perf_counter() - t0, solver="multilevel")
@@ -318,13 +320,13 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: 
     unbudgeted = problem.with_budget(None)
     # The model's least feasible budget, to 0.1%: every segment a group of its own fits at its
     # own figure, and nothing fits below zero.
-    low, high = 0.0, model_peak(problem, chain, [(s, s) for s in range(chain.n)])
+    low, high = 0.0, model_peak(chain, [(s, s) for s in range(chain.n)])
     while high - low > 1e-3 * high:
         mid = (low + high) / 2
-        low, high = (low, mid) if split(problem, chain, mid) is not None else (mid, high)
+        low, high = (low, mid) if split(chain, mid) is not None else (mid, high)
     low = high
     plans = [compose(problem, chain, g) for b in np.geomspace(max(low, 1), max(low, 1) * 2, 8)
-             if (g := split(problem, chain, float(b))) is not None]
+             if (g := split(chain, float(b))) is not None]
     best = min(plans, key=lambda p: check(unbudgeted, p).peak)
     report = check(problem, best)
     return SolveResult(status=Status.FEASIBLE, plan=best, report=report, objective=report.added_time, bound=0.0,

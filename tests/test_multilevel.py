@@ -105,11 +105,11 @@ def test_bad_multilevel_schedules_name_the_value(plan: Plan, message: str) -> No
 # ---- the grouping model -----------------------------------------------------------------
 
 
-def brute_force(problem: Problem, measured: multilevel.Chain, budget: float) -> float:
+def brute_force(measured: multilevel.Chain, budget: float) -> float:
     """The least model cost over every split of the chain into groups (inf if none fits):
     each group fits with the inputs kept up to it (in :func:`multilevel.input_units`)."""
-    cost, need = multilevel.groups_model(problem, measured)
-    unit, weight = multilevel.input_units(problem, measured)
+    cost, need = measured.groups
+    unit, weight = multilevel.input_units(measured)
     n, best = measured.n, float("inf")
     for cuts in itertools.product([False, True], repeat=n - 1):
         starts = [0, *(k + 1 for k, c in enumerate(cuts) if c)]
@@ -142,18 +142,18 @@ def test_the_split_is_the_brute_force_optimum_of_its_model(n_layer: int) -> None
     problem = trace(model, inputs, target="eager").problem
     measured = multilevel.measure(problem)
     assert measured is not None and measured.n >= 2 * n_layer
-    cost, need = multilevel.groups_model(problem, measured)
+    cost, need = measured.groups
     low, high = float(need.min()), float(sum(n.size for n in problem.nodes))
     fitted = 0
     for budget in [low + (high - low) * k / 40 for k in range(0, 41, 2)]:
-        groups = multilevel.split(problem, measured, budget)
-        brute = brute_force(problem, measured, budget)
+        groups = multilevel.split(measured, budget)
+        brute = brute_force(measured, budget)
         if groups is None:
             assert brute == float("inf"), budget
             continue
         fitted += 1
         assert sum(cost[a, e] for a, e in groups) == pytest.approx(brute), budget
-        assert multilevel.model_peak(problem, measured, groups) <= budget
+        assert multilevel.model_peak(measured, groups) <= budget
     assert fitted >= 5
 
 
