@@ -28,12 +28,21 @@ recomputation's reads of its deps happen at each read it serves instead of at it
 step; an unstored forward copy (a value neither saved nor offloaded) is computed by its
 one forward reader, which reads its deps.
 
-Added time is the compute time of every recomputation plus the transfer time compute
-does not hide: step k lasts max(c_k, out_k, in_k), where c_k is its compute time and
-out_k, in_k the seconds of the copies to and from the host that run beside it (one copy
-engine each way, at ``host_bandwidth``), so it adds max(0, out_k - c_k, in_k - c_k).
-Recomputations that run before step k could hide copies too; they are not counted, so
-the exposed time is an upper bound.
+Added time is the compute time of every recomputation plus the time the compute stream
+waits for copies to and from the host (:func:`transfer_stalls`). Copies run on one copy
+engine each way, at ``host_bandwidth``, in the order they are issued, beside a window of
+compute steps:
+
+* out: issued as step ``copy_out_from(v)`` starts (after v's last forward read), waited for
+  when step ``offload_at`` ends, where the device copy is freed;
+* back: issued as step ``reload_at`` starts (where the device copy is allocated), waited
+  for when the step before its first backward consumer ends.
+
+Copies issued at the same step form one batch, each done when the whole batch is (the
+emitted code waits for each copy on its own, so never longer); compute steps last their
+own ``time``. Recomputations that run before a step lengthen the real window, so the
+waits are an upper bound. A copy whose window's compute covers it, and the copies queued
+before it, costs nothing.
 """
 
 from __future__ import annotations
@@ -102,25 +111,45 @@ def recomputations(plan: Plan) -> list[int]:
     return [s.node for s in plan.schedule if plan.decisions.get(s.node) is Decision.RECOMPUTE]
 
 
-def transfer_loads(problem: Problem, plan: Plan) -> tuple[dict[int, float], dict[int, float]]:
-    """Seconds of copies to the host and back that run beside each step."""
-    out: dict[int, float] = {}
-    back: dict[int, float] = {}
+def transfer_stalls(problem: Problem, plan: Plan) -> dict[int, float]:
+    """Seconds the compute stream waits for copies at the end of each step (steps without
+    a wait left out), replaying the copy engines of the module docstring.
+
+    A plan whose copies each run beside one step (``offload_at == copy_out_from(v)``,
+    ``reload_at`` the step before the first consumer) waits max(0, out_k - c_k, in_k - c_k)
+    at step k: the copies beside it against its compute."""
+    if not plan.transfers:
+        return {}
+    anchor = {s.node: s.before for s in plan.schedule if plan.decisions.get(s.node) is Decision.OFFLOAD}
+    issued: tuple[dict[int, float], dict[int, float]] = ({}, {})  # way -> step -> seconds issued
+    due: dict[int, list[tuple[int, int]]] = {}  # step -> (way, issue step) done when it ends
     for t in plan.transfers:
         seconds = problem.transfer_time(t.node)
-        out[t.offload_at] = out.get(t.offload_at, 0.0) + seconds
-        back[t.reload_at] = back.get(t.reload_at, 0.0) + seconds
-    return out, back
+        for way, start, end in ((0, problem.copy_out_from(t.node), t.offload_at),
+                                (1, t.reload_at, anchor[t.node] - 1)):
+            issued[way][start] = issued[way].get(start, 0.0) + seconds
+            due.setdefault(end, []).append((way, start))
+    clock = 0.0
+    free = [0.0, 0.0]  # when each engine has run what was issued so far
+    done: tuple[dict[int, float], dict[int, float]] = ({}, {})  # way -> issue step -> batch done
+    stalls: dict[int, float] = {}
+    for k in range(min(min(issued[0]), min(issued[1])), max(due) + 1):
+        for way in (0, 1):
+            if k in issued[way]:
+                free[way] = max(free[way], clock) + issued[way][k]
+                done[way][k] = free[way]
+        end = clock + problem.nodes[k].time
+        ready = max((done[way][start] for way, start in due.get(k, ())), default=end)
+        if ready > end * (1 + 1e-12):  # not a rounding of sums that hide the copies exactly
+            stalls[k] = ready - end
+            end = ready
+        clock = end
+    return stalls
 
 
 def exposed_transfer_time(problem: Problem, plan: Plan) -> float:
-    """Seconds of copies to and from the host that no compute hides:
-    sum_k max(0, out_k - c_k, in_k - c_k)."""
-    out, back = transfer_loads(problem, plan)
-    return sum(
-        max(0.0, out.get(k, 0.0) - problem.nodes[k].time, back.get(k, 0.0) - problem.nodes[k].time)
-        for k in sorted(out.keys() | back.keys())
-    )
+    """Seconds the compute stream waits for copies to and from the host (:func:`transfer_stalls`)."""
+    return sum(transfer_stalls(problem, plan).values())
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ r"""Exact save / recompute / offload planning on OR-Tools CP-SAT.
 The model is the checker's memory and time model (:mod:`solvers.checker`) written as
 constraints, so that a plan the model accepts is one the checker accepts, and the optimum
 of the model is the best plan over all save/recompute/offload assignments with the
-canonical schedule and, for each offload, any of the steps its copies may run beside
+canonical schedule and, for each offload, any of the windows its copies may run over
 (:func:`transfer_steps`).
 
 Notation. Timeline steps :math:`k = 0..N-1`; the forward is :math:`k < F`. For a forward
@@ -37,9 +37,12 @@ forward step after its last forward read, the reads of the readers that compute 
 (``problem.copy_out_from``), and a backward step before its first read):
 
 * :math:`O_v \in \{0,1\}`: v is offloaded (copied to host memory, copied back);
-* :math:`out_{v,k}, in_{v,k} \in \{0,1\}`: its copy out runs beside forward step k, its
-  copy back beside backward step k; :math:`X_v, Y_v` those steps;
-* :math:`E_k \ge 0`: the copy time step k's compute :math:`c_k` does not hide.
+* :math:`out_{v,k}, in_{v,k} \in \{0,1\}`: its copy out must be done when forward step k
+  ends (its window is :math:`[o(v), k]`, :math:`o(v)` = ``copy_out_from(v)``), its copy back
+  is issued as backward step k starts (its window is :math:`[k, P_v - 1]`);
+  :math:`X_v, Y_v` those steps;
+* :math:`C_k \ge 0`: when step k starts on the compute stream, waits for copies included;
+  :math:`D_{a}` per way: when the copies issued at step a are done.
 
 Constraint families (one ``add_*`` function each):
 
@@ -52,10 +55,12 @@ Constraint families (one ``add_*`` function each):
   \{P_w : w \in fu(v), R_w\})`: recompute (or wait for the copy back) right before the
   first consumer, exactly where the canonical schedule does;
 * transfers:  :math:`\sum_k out_{v,k} = O_v`, :math:`out_{v,k} \Rightarrow X_v = k`, the
-  same for :math:`in, Y`; :math:`O_v \Rightarrow Y_v < P_v`; and
-  :math:`E_k \ge \sum_v d_v\, out_{v,k} - c_k`, :math:`E_k \ge \sum_v d_v\, in_{v,k} - c_k`
-  with :math:`d_v = s_v / \text{bandwidth}`: a step lasts the longest of its compute and
-  the copies beside it (one copy engine each way);
+  same for :math:`in, Y`; :math:`O_v \Rightarrow Y_v < P_v`; the compute stream
+  :math:`C_{k+1} \ge C_k + c_k`; one engine each way, running the batches of copies in
+  the order they are issued, :math:`D_a \ge C_a + l_a` and :math:`D_b \ge D_a + l_b` for
+  consecutive batches a < b, with :math:`l_a = \sum_v d_v [v \text{ issued at } a]` and
+  :math:`d_v = s_v / \text{bandwidth}`; and the waits
+  :math:`out_{v,k} \Rightarrow D_{o(v)} \le C_{k+1}`, :math:`in_{v,k} \Rightarrow D_k \le C_{P_v}`;
 * last use:   :math:`L_v \ge \max bu(v)`, :math:`L_v \ge P_v`, and
   :math:`R_w \Rightarrow L_u \ge P_w`, or :math:`R_w \Rightarrow L_u \ge L_w` where w is
   in :math:`U_R` (its readers compute it, so they read u); :math:`T_v \Rightarrow L_v \le to(v)`
@@ -80,7 +85,9 @@ Constraint families (one ``add_*`` function each):
   restricted to the terms every plan has live there (:func:`add_memory_cuts`); implied
   by the cumulative, they give CP-SAT's LP a bound the cumulative does not.
 
-Objective: :math:`\min T (\sum_{v} t_v R_v + \sum_k E_k) + \sum_v (R_v + O_v)` with
+Objective: :math:`\min T (\sum_{v} t_v R_v + W) + \sum_v (R_v + O_v)` with
+:math:`W = C_{N} - C_{o} - \sum_{k \ge o} c_k` the waits for copies (o the first step a copy
+may be issued at) and
 :math:`T = |R| + |O| + 1` (time in ``problem.scale`` units): the least added time, and
 among equal times the fewest rematerializations.
 
@@ -93,15 +100,18 @@ is no higher than the model's. Positions are pinned to the canonical anchor: an 
 recompute of w would end what w reads earlier (:math:`L_u \ge P_w`), a schedule that the
 canonical plan does not run, and the model would undercount its peak.
 
-Why a copy runs beside whole steps (as POFO and OffMate model it) rather than on a
-continuous time axis: the memory model is indexed by steps, so a copy that frees or
-claims memory at step boundaries keeps one cumulative over steps; a continuous transfer
-schedule would need start times that depend on every recomputation before them. The
-price is granularity: a copy hides under one step's compute, not a run of short steps,
-so the exposed time is an upper bound where steps are short. Each copy may run beside the
-step next to its use (no memory held longer) or one of the few longest steps of its
-window (``TRANSFER_CHOICES``): a long step is where a copy hides, and a handful of
-choices per value keeps the model linear in the graph.
+Why copies run over windows of steps on a clock of the compute stream (as the emitted code
+runs them: a copy is issued after its value's last forward read and waited for where its
+device copy is freed, and a reload is issued where it is allocated and waited for just
+before its first use): a copy rarely hides under one op (a 32 MiB block input takes
+0.67 ms at 50 GB/s, longer than most ops of a transformer layer), while a run of ops
+hides it easily. Memory stays indexed by steps (a copy frees or claims its device memory
+at a window's end or start), so one cumulative still holds it, and only the clock
+:math:`C` is new: one integer per step from the first copy on. The batches of one step
+finish together, which the emitted code (waiting for each copy on its own) never
+exceeds; recomputations are left out of the clock, so the waits are an upper bound.
+Each window ends (out) or starts (back) at one of a few steps (``TRANSFER_CHOICES``):
+next to the use, or where its compute covers the copy a few times over.
 
 With ``minimize_peak`` the capacity becomes a variable and the objective; that is how an
 infeasible budget is explained by the smallest feasible one.
@@ -143,7 +153,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CUT_TERMS = 200_000  # bounds the size of add_memory_cuts: about 10 MB of model
-TRANSFER_CHOICES = 6  # steps an offloaded value's copy may run beside, each way
+TRANSFER_CHOICES = 6  # steps an offloaded value's copy window may end (out) or start (back) at
 SEED_SHARE = 0.2  # of the time limit, at most, for the greedy plan that seeds the search
 PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when the greedy's does not fit
 # From this many decisions the flat model no longer improves on the chain model's plan in
@@ -180,7 +190,7 @@ class Model:
     Y: dict[int, cp_model.IntVar] = field(default_factory=dict)
     out_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)  # v -> k -> bool
     in_at: dict[int, dict[int, cp_model.IntVar]] = field(default_factory=dict)
-    E: dict[int, cp_model.IntVar] = field(default_factory=dict)  # exposed copy time at step k
+    start: dict[int, cp_model.IntVar] = field(default_factory=dict)  # C_k: when step k starts
     T: dict[int, cp_model.IntVar] = field(default_factory=dict)  # v's last backward reader takes it over
     capacity: cp_model.IntVar | int = 0
     seed: Plan | None = None  # the plan the search was hinted with (:func:`seed`'s)
@@ -217,11 +227,11 @@ def build(problem: Problem, *, minimize_peak: bool = False) -> Model:
 
 
 def objective(m: Model) -> cp_model.LinearExprT:
-    """T·(Σ t_v R_v + Σ_k E_k) + Σ R_v + Σ O_v with T = |R| + |O| + 1: least added time
+    """T·(Σ t_v R_v + W) + Σ R_v + Σ O_v with T = |R| + |O| + 1: least added time
     first, then the fewest rematerializations (zero-time ones included) — lexicographic,
     because Σ R_v + Σ O_v < T."""
     scale = m.problem.scale
-    time = sum(scale.time(m.problem.nodes[v].time) * m.R[v] for v in m.R) + sum(m.E.values())
+    time = sum(scale.time(m.problem.nodes[v].time) * m.R[v] for v in m.R) + waits(m)
     return m.tie_break * time + sum(m.R.values()) + sum(m.O.values())
 
 
@@ -246,10 +256,11 @@ def add_variables(m: Model) -> None:
 
 
 def transfer_steps(problem: Problem, v: int, *, choices: int | None = None) -> tuple[list[int], list[int]]:
-    """The steps v's copies may run beside, if v may be offloaded: out, a forward step after
-    its last forward read (``Problem.copy_out_from``); back, a backward step before its
-    first backward read. The step next to the use (no memory held longer) and then the
-    ``choices - 1`` longest steps (compute to hide under), earliest first among equals."""
+    """The steps v's copies' windows may end (out) or start (back) at, if v may be
+    offloaded: out, a forward step from ``Problem.copy_out_from`` on; back, a backward step
+    before its first backward read. Each way, the window of one step next to the use (no
+    memory held longer), then the shortest windows whose compute covers the copy 1, 2, 3,
+    5 and 8 times over (room for the copies queued before it), up to ``choices`` in all."""
     p = problem
     node = p.nodes[v]
     choices = choices or TRANSFER_CHOICES
@@ -259,15 +270,28 @@ def transfer_steps(problem: Problem, v: int, *, choices: int | None = None) -> t
     reads = p.backward_uses[v]
     first_read = min(reads) if reads else p.last_step
     out_window = range(p.copy_out_from(v), f)
-    in_window = range(f, first_read)
+    in_window = range(first_read - 1, f - 1, -1)  # from the use back
     if not out_window or not in_window:
         return [], []
+    seconds = p.transfer_time(v)
 
-    def pick(window: range, near: int) -> list[int]:
-        rest = sorted((k for k in window if k != near), key=lambda k: (-p.nodes[k].time, k))
-        return sorted([near, *rest[: choices - 1]])
+    def pick(window: range) -> list[int]:
+        if choices >= len(window):
+            return sorted(window)
+        picked = [window[0]]
+        covered = 0.0
+        cover = iter((1, 2, 3, 5, 8))
+        goal = next(cover) * seconds
+        for k in window:
+            covered += p.nodes[k].time
+            while covered >= goal and len(picked) < choices:
+                if k not in picked:
+                    picked.append(k)
+                goal = next(cover, math.inf) * seconds
+        return sorted(picked)
 
-    return pick(out_window, out_window[0]), pick(in_window, in_window[-1])
+    return pick(out_window), pick(in_window)
+
 
 def add_one_fate(m: Model) -> None:
     """S_v + R_v + O_v <= 1; R_v = 0 when v may not be recomputed."""
@@ -356,33 +380,67 @@ def add_last_use(m: Model) -> None:
 
 
 def add_transfers(m: Model) -> None:
-    """Where v's copies run, if offloaded, and the copy time compute does not hide:
+    """Where v's copies run, if offloaded, and how long the compute stream waits for them:
 
     sum_k out[v,k] = O_v, out[v,k] => X_v = k;  sum_k in[v,k] = O_v, in[v,k] => Y_v = k;
     O_v => Y_v < P_v (back before the first use);
-    E_k >= sum_v d_v out[v,k] - c_k and E_k >= sum_v d_v in[v,k] - c_k, E_k >= 0,
+    C_{k+1} >= C_k + c_k (step k starts at C_k and computes for c_k);
+    per way, for the batches of copies issued at steps a < b < ... with loads
+    l_a = sum_v d_v [v issued at a]: D_a >= C_a + l_a, D_b >= D_a + l_b (one engine, in order);
+    out[v,k] => D_{o(v)} <= C_{k+1}; in[v,k] => D_k <= C_{P_v}; W = C_end - C_first - sum_k c_k,
 
-    with d_v = s_v / bandwidth and c_k step k's compute (``nodes[k].time``), in time units.
-    Copies out run beside forward steps and copies back beside backward steps, so a step
-    carries one direction only. The checker's :func:`exposed_transfer_time` is the same sum.
+    with d_v = s_v / bandwidth, o(v) = ``copy_out_from(v)``, c_k step k's compute
+    (``nodes[k].time``), all in time units: the checker's :func:`transfer_stalls`, whose
+    engines start each batch when both it is issued and the one before is done.
     """
     p = m.problem
     scale = p.scale
-    loads: dict[int, list[tuple[cp_model.IntVar, int]]] = {}
+    issued: tuple[dict[int, list[cp_model.LinearExprT]], dict[int, list[cp_model.LinearExprT]]] = ({}, {})
     for v in m.O:
+        d = scale.time(p.transfer_time(v))
         for choice, chosen in ((m.out_at[v], m.X[v]), (m.in_at[v], m.Y[v])):
             m.cp.add(sum(choice.values()) == m.O[v])
             for k, b in choice.items():
                 m.cp.add(chosen == k).only_enforce_if(b)
-                loads.setdefault(k, []).append((b, scale.time(p.transfer_time(v))))
+        issued[0].setdefault(p.copy_out_from(v), []).append(d * m.O[v])
+        for k, b in m.in_at[v].items():
+            issued[1].setdefault(k, []).append(d * b)
         m.cp.add(m.Y[v] < m.P[v]).only_enforce_if(m.O[v])
-    for k, terms in sorted(loads.items()):
-        compute = scale.time(p.nodes[k].time)
-        most = sum(d for _, d in terms) - compute
-        if most <= 0:
-            continue  # everything that may run beside k hides under it
-        m.E[k] = m.cp.new_int_var(0, most, f"E[{k}]")
-        m.cp.add(m.E[k] >= sum(d * b for b, d in terms) - compute)
+    if not m.O:
+        return
+    compute = [scale.time(n.time) for n in p.nodes]
+    first = min(issued[0])
+    horizon = sum(compute[first:]) + 2 * sum(scale.time(p.transfer_time(v)) for v in m.O)
+    m.start = {k: m.cp.new_int_var(0, horizon, f"C[{k}]") for k in range(first, len(p.nodes) + 1)}
+    m.cp.add(m.start[first] == 0)
+    for k in range(first, len(p.nodes)):
+        m.cp.add(m.start[k + 1] >= m.start[k] + compute[k])
+    done: tuple[dict[int, cp_model.IntVar], dict[int, cp_model.IntVar]] = ({}, {})
+    for way in (0, 1):
+        before: cp_model.IntVar | None = None
+        for a in sorted(issued[way]):
+            load = sum(issued[way][a])
+            done[way][a] = m.cp.new_int_var(0, horizon, f"D[{way},{a}]")
+            m.cp.add(done[way][a] >= m.start[a] + load)
+            if before is not None:
+                m.cp.add(done[way][a] >= before + load)
+            before = done[way][a]
+    clock = [m.start.get(k, 0) for k in range(len(p.nodes) + 1)]
+    for v in m.O:
+        for k, b in m.out_at[v].items():
+            m.cp.add(done[0][p.copy_out_from(v)] <= m.start[k + 1]).only_enforce_if(b)
+        due = m.cp.new_int_var(0, horizon, f"C[P[{v}]]")
+        m.cp.add_element(m.P[v], clock, due)
+        for k, b in m.in_at[v].items():
+            m.cp.add(done[1][k] <= due).only_enforce_if(b)
+
+
+def waits(m: Model) -> cp_model.LinearExprT:
+    """W: the time units the compute stream waits for copies (0 without a host link)."""
+    if not m.start:
+        return 0
+    first, end = min(m.start), max(m.start)
+    return m.start[end] - m.start[first] - sum(m.problem.scale.time(n.time) for n in m.problem.nodes[first:end])
 
 
 def add_memory(m: Model, *, minimize_peak: bool) -> None:

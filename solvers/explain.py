@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solvers.checker import Report, transfer_loads, value_intervals
+from solvers.checker import Report, transfer_stalls, value_intervals
 from solvers.plan import Decision, Plan
 from solvers.problem import Problem
 
@@ -80,12 +80,12 @@ def _why(problem: Problem, plan: Plan, i: int, d: Decision, *, at_peak: bool,
         t = plan.transfer(i)
         if t is None:
             return "copied to host after its last forward use, back before its first backward use"
-        # A step hides its copies when they all fit in its compute (checker's time model).
-        out, back = transfer_loads(problem, plan)
-        hidden = (out[t.offload_at] <= problem.nodes[t.offload_at].time
-                  and back[t.reload_at] <= problem.nodes[t.reload_at].time)
-        return (f"copied to host beside step {t.offload_at} and back beside step {t.reload_at}"
-                f" ({'hidden under their compute' if hidden else 'partly exposed'})")
+        # Hidden where the compute stream never waits at the end of either copy's window.
+        stalls = transfer_stalls(problem, plan)
+        back_due = next(s.before for s in plan.schedule if s.node == i) - 1
+        hidden = t.offload_at not in stalls and back_due not in stalls
+        return (f"copied to host over steps {problem.copy_out_from(i)}..{t.offload_at} and back over "
+                f"steps {t.reload_at}..{back_due} ({'hidden under compute' if hidden else 'partly exposed'})")
     readers = [u for u in problem.forward_users[i] if plan.decisions.get(u) is Decision.RECOMPUTE]
     if not problem.backward_uses[i] and readers:
         names = ", ".join(problem.nodes[u].name for u in readers[:3])
