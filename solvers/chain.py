@@ -23,7 +23,12 @@ its cut; the first, its *reference*, recomputes each segment's interior and save
 boundaries inside it.
 
 The chain model. Let ``R`` be the plan that recomputes every segment's interior and saves
-every boundary, and ``T_R(t)`` its live bytes at step ``t``. Each step has an *owner*:
+every boundary, and ``T_R(t)`` its live bytes at step ``t``. Where the problem has a host
+link, every composed plan, ``R`` included, offloads the boundaries (then what its options
+save) whose copies hide under the compute around them (:mod:`solvers.hostcopy`): a block
+input then holds the device only while it is copied out and from when it is copied back,
+and ``T_R`` counts it so; a plan with fewer of them offloaded is over ``T_R``'s account,
+and the checker says so. Each step has an *owner*:
 the segment whose forward holds it, or in the backward the segment whose window began
 last. Choosing option ``o`` of span ``I`` changes the live bytes by ``D[I,o](t)`` at the
 steps of its cut (its option's timeline less its reference's), and by ``K[I,o]`` (its
@@ -76,6 +81,7 @@ from ortools.sat.python import cp_model
 
 from solvers.baselines import free_plan, plan_with, segment_boundaries
 from solvers.checker import Report, check
+from solvers.hostcopy import offload_hidden
 from solvers.plan import Decision, Plan, PlanError, plan_from_decisions
 from solvers.problem import Copy, Node, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -437,7 +443,9 @@ class Chain:
 
 def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
-    the backward reads (boundaries between spans, values several segments read) is saved."""
+    the backward reads (boundaries between spans, values several segments read) is saved,
+    or, where the problem has a host link, offloaded where its copies hide
+    (:func:`solvers.hostcopy.offload_hidden`, those values first, then what the options save)."""
     decisions: dict[int, Decision] = {}
     transfers: dict[int, tuple[int, int]] = {}
     for c, o in zip(cuts, chosen, strict=True):
@@ -452,7 +460,11 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> 
     recomputed = {v for v, d in decisions.items() if d is Decision.RECOMPUTE}
     merged = dict(plan_with(problem, recomputed).decisions)
     merged.update({v: d for v, d in decisions.items() if d is Decision.OFFLOAD and v in merged})
-    return plan_from_decisions(problem, merged, transfers)
+    plan = plan_from_decisions(problem, merged, transfers)
+    if problem.host_bandwidth <= 0:
+        return plan
+    interior = {g for c in cuts for g in c.interior}
+    return offload_hidden(problem, plan, first=[v for v in plan.of(Decision.SAVE) if v not in interior])[0]
 
 
 def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,

@@ -131,6 +131,7 @@ from ortools.sat.python import cp_model
 from solvers import multilevel
 from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import Report, check
+from solvers.hostcopy import offload_hidden
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Copy, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -629,7 +630,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     built = chain.build_chain(problem, config)
     found = [greedy(problem, SolverConfig(time_limit=share)), *checkpointing(problem, config),
-             *grouped(problem, config)]
+             *hosted(problem, config), *grouped(problem, config)]
     left = replace(config, time_limit=chain._rest(config, t0))
     found.append(chain.solve(problem, left, chain=built))
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
@@ -708,6 +709,28 @@ def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     return [*(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY), selective(problem, config)]
 
 
+def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+    """Where the problem has a host link, checkpointing every k-th segment (k in
+    ``KNOWN_EVERY``) with what it keeps offloaded where the copies hide
+    (:func:`solvers.hostcopy.offload_hidden`), each judged against the budget."""
+    if problem.host_bandwidth <= 0 or problem.single_phase:
+        return []
+    out = []
+    for k in KNOWN_EVERY:
+        r = checkpoint_every(problem.with_budget(None), config, k=k)
+        if r.plan is None:
+            continue
+        t0 = time.perf_counter()
+        plan, report = offload_hidden(problem, r.plan)
+        if plan is not r.plan:
+            out.append(SolveResult(status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
+                                   plan=plan if report.fits else None, report=report,
+                                   objective=report.added_time, bound=0.0,
+                                   wall_time=r.wall_time + time.perf_counter() - t0,
+                                   solver=f"{r.solver}+offload"))
+    return out
+
+
 def grouped(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """The multi-level plan (:mod:`solvers.multilevel`) where ``config.multilevel``."""
     return [multilevel.solve(problem, config)] if config.multilevel else []
@@ -721,7 +744,7 @@ def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     every search, so no search ends on a plan dearer than one of them."""
     from solvers import chain  # it plans each segment with this module
 
-    out = [*checkpointing(problem, config), *grouped(problem, config)]
+    out = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
     out.extend(stated(problem))
     # Not under ``config.deterministic``: every span would be planned (no wall-clock
     # deadline), minutes on a 300-value graph.
@@ -856,6 +879,7 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_mo
 
     unbudgeted = problem.with_budget(None)
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
+    plans += [r.plan for r in hosted(unbudgeted, config)]
     if config.multilevel:
         plans.append(multilevel.min_peak(unbudgeted, config).plan)
     if built is not None:

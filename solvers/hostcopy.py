@@ -8,7 +8,8 @@ where both copies finish inside windows of compute long enough to cover them, it
 time: a free saving, and at scale a large one (a Llama block's input, 32 MiB, takes 0.67 ms
 at 50 GB/s, under a tenth of the block's forward).
 
-:func:`offload_hidden` makes that move for the largest saved values first, each only if
+:func:`offload_hidden` makes that move for the largest saved values first (or those it is
+told to try first), each only if
 every copy accepted so far still hides with it. Windows are placed on the clock of the
 steps' own compute (``Node.time``, waits none, since none are let in):
 
@@ -36,20 +37,19 @@ from solvers.problem import Problem
 MOST_VALUES = 512  # saved values tried, the largest first: each try replays every accepted copy
 
 
-def offload_hidden(problem: Problem, plan: Plan, *, values: Collection[int] | None = None,
+def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
                    report: Report | None = None) -> tuple[Plan, Report]:
     """``plan`` with saved values moved to host memory where both their copies hide, and the
     checker's report on it; ``plan`` and ``report`` (computed if not given) where nothing
-    moves. ``values``: the saved values that may move (default: every saved one the
-    problem lets offload)."""
+    moves. Values in ``first`` are tried before the others, each group largest first."""
     report = report if report is not None else check(problem, plan)
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return plan, report
     f = problem.n_forward
     pool = [v for v in plan.of(Decision.SAVE)
             if problem.nodes[v].offloadable and problem.nodes[v].size > 0
-            and (values is None or v in values) and problem.copy_out_from(v) < f]
-    pool.sort(key=lambda v: (-problem.nodes[v].size, v))
+            and problem.copy_out_from(v) < f]
+    pool.sort(key=lambda v: (v not in first, -problem.nodes[v].size, v))
     ends = list(itertools.accumulate(n.time for n in problem.nodes))  # step k ends at ends[k]
     first_entry: dict[int, int] = {}
     for s in plan.schedule:

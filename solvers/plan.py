@@ -2,8 +2,8 @@
 
 A plan is data. ``decisions`` maps each such value to a :class:`Decision`; ``schedule``
 lists the recomputations and reloads the backward runs, in execution order, each just
-before a backward step; ``transfers`` says, for each offloaded value, which step each of
-its two copies runs beside. :func:`plan_from_decisions` derives the canonical schedule:
+before a backward step; ``transfers`` says, for each offloaded value, the windows of steps
+its two copies run over. :func:`plan_from_decisions` derives the canonical schedule:
 each value is rematerialized right before the first backward step that needs it, directly
 or through another rematerialized value, in topological order within a step; an offload
 is copied out beside the step after its last forward use and back beside the step before
@@ -51,11 +51,12 @@ class Step:
 
 @dataclass(frozen=True)
 class Transfer:
-    """The two copies of an offloaded value ``node``, each beside one step's compute.
+    """The two copies of an offloaded value ``node``, each over a window of steps.
 
-    ``offload_at``: the forward step the copy to host runs beside; the device copy is
-    freed when that step ends. ``reload_at``: the backward step the copy back runs beside;
-    the device copy exists from that step on (the wait is just before the first use).
+    The copy to host is issued as step ``Problem.copy_out_from(node)`` starts (after the
+    last forward read) and must be done when ``offload_at`` ends, where the device copy is
+    freed. The copy back is issued as ``reload_at`` starts, where the device copy is
+    allocated, and must be done before its first backward consumer.
     """
 
     node: int

@@ -32,9 +32,10 @@ rules that set them for Inductor are ``rematc.inductor_rules``.
 The budget bounds the peak of that sum over the step, in bytes.
 
 Time model: step ``k`` computes for ``nodes[k].time`` seconds. Copies to and from host
-memory (offloads) run on their own streams beside the compute, one copy engine each way:
-a step lasts the longest of its compute, the copies out and the copies back that run
-beside it, so a copy costs nothing where it hides under compute.
+memory (offloads) run on their own streams beside the compute, one copy engine each way,
+each over a window of steps (``solvers.plan.Transfer``); the compute waits where a
+window ends before its copy is done, so a copy costs nothing where its window's compute
+covers it (``solvers.checker.transfer_stalls``).
 """
 
 from __future__ import annotations

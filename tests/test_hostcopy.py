@@ -1,0 +1,169 @@
+"""Offloading what a plan keeps where its copies hide (solvers.hostcopy): the windows on a
+hand-built chain, never a dearer or higher plan on random graphs, the chain model's plans
+with their boundaries offloaded, and the emitted copies against eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rematc
+import rematc.partition
+from rematc.models import GPTConfig, make_gpt
+from rematc.options import Options
+from rematc.partition import Planned
+from solvers import (
+    Decision,
+    Plan,
+    Problem,
+    SolverConfig,
+    SolveResult,
+    Status,
+    chain,
+    check,
+    cpsat,
+    multilevel,
+)
+from solvers.baselines import checkpoint_every, save_all
+from solvers.checker import transfer_stalls
+from solvers.hostcopy import offload_hidden
+from solvers.plan import Transfer
+from solvers.problem import chain_problem
+from tests.helpers import assert_same_step, run_step
+from tests.test_cpsat import small_problems
+
+OFF, S = Decision.OFFLOAD, Decision.SAVE
+
+
+def linked(problem: Problem, bandwidth: float) -> Problem:
+    return Problem(nodes=problem.nodes, budget=problem.budget, host_bandwidth=bandwidth, name=problem.name)
+
+
+def test_saved_values_move_to_the_host_where_their_copies_hide() -> None:
+    # f0..f5 (#1..#6), 10 B and 1 s each; at 10 B/s a copy takes 1 s, one step of compute.
+    # f0's copy out runs beside f2 (f1 reads f0 at step 2), and so on; f4 is read by f5, the
+    # last forward step, so its copy has no forward step left, and f4 and f5 stay saved.
+    p = linked(chain_problem([10] * 6, [1.0] * 6), 10.0)
+    saved = save_all(p)
+    assert saved.plan is not None and saved.report is not None
+    plan, report = offload_hidden(p, saved.plan)
+    assert plan.of(OFF) == (1, 2, 3, 4)
+    # f0 is read last by g0 (step 12): its copy back runs beside g1, the step before.
+    assert plan.transfer(1) == Transfer(1, offload_at=3, reload_at=11)
+    assert report.added_time == 0.0 and not transfer_stalls(p, plan)
+    assert report.peak < saved.report.peak
+    assert check(p, plan) == report
+
+
+def test_copies_that_cannot_hide_leave_the_plan_as_it_is() -> None:
+    p = linked(chain_problem([10] * 6, [1.0] * 6), 1.0)  # 10 s a copy: no window covers it
+    saved = save_all(p)
+    assert saved.plan is not None
+    plan, _ = offload_hidden(p, saved.plan)
+    assert plan is saved.plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(problem=small_problems(offload=True), every=st.integers(1, 3), bandwidth=st.sampled_from([0.5, 2.0, 8.0]))
+def test_offloading_never_costs_time_or_memory(problem: Problem, every: int, bandwidth: float) -> None:
+    p = linked(problem, bandwidth)
+    base = checkpoint_every(p, k=every)
+    assert base.plan is not None and base.report is not None
+    plan, report = offload_hidden(p, base.plan, report=base.report)
+    assert check(p, plan) == report  # the checker accepts it, and this is its verdict
+    assert report.added_time <= base.report.added_time * (1 + 1e-9)
+    assert report.peak <= base.report.peak
+
+
+def deep() -> Problem:
+    from tests.test_multilevel import deep_gpt
+
+    return linked(deep_gpt(), 1e9)
+
+
+def test_a_grouped_plan_keeps_its_schedule_with_its_inputs_offloaded() -> None:
+    p = deep()
+    every = checkpoint_every(p).report
+    assert every is not None
+    grouped = multilevel.solve(p.with_budget(int(0.7 * every.peak)), SolverConfig(time_limit=10.0))
+    assert grouped.plan is not None and grouped.plan.multilevel and grouped.report is not None
+    plan, report = offload_hidden(p, grouped.plan, report=grouped.report)
+    assert plan.of(OFF), "no group input moved to the host"
+    assert report.n_recomputed == grouped.report.n_recomputed
+    assert report.peak < grouped.report.peak and report.added_time == pytest.approx(grouped.report.added_time)
+
+
+def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets() -> None:
+    """On the deep GPT with a 1 GB/s link, the chain model's reference offloads the block
+    inputs, so it plans at budgets where it had no plan without the link."""
+    p = deep()
+    alone = deep_gpt_unlinked()
+    config = SolverConfig(time_limit=10.0, workers=2)
+    built = chain.build_chain(p, config)
+    assert built is not None
+    every = checkpoint_every(alone).report
+    assert every is not None
+    assert built.reference.offloaded_bytes > 0 and built.reference.peak < every.peak
+    budget = int(0.7 * every.peak)
+    assert chain.solve(alone.with_budget(budget), config).plan is None
+    r = chain.solve(p.with_budget(budget), config, chain=built)
+    assert r.plan is not None and r.report is not None and r.report.fits and r.report.n_offloaded
+
+
+def deep_gpt_unlinked() -> Problem:
+    return linked(deep(), 0.0)
+
+
+def test_the_default_planner_takes_offloaded_checkpointing_where_it_fits() -> None:
+    p = deep()
+    every = checkpoint_every(p).report
+    assert every is not None
+    hosted = cpsat.hosted(p.with_budget(int(0.8 * every.peak)), SolverConfig(time_limit=10.0))
+    first = hosted[0]
+    assert first.solver == "checkpoint_every_1+offload" and first.plan is not None
+    assert first.objective == pytest.approx(every.added_time)
+
+
+# ---- emitted ----------------------------------------------------------------------------
+
+
+def hosting_planner(made: list[tuple[Problem, Plan]]):  # type: ignore[no-untyped-def]
+    """A stand-in for rematc.partition.plan_for: checkpointing every segment, with what it
+    keeps offloaded where the copies hide, on a link slow enough that they hide only over
+    windows of several steps."""
+
+    def plan_for(problem: Problem, options: Options, *, known: object = None) -> Planned:
+        base = checkpoint_every(problem)
+        assert base.plan is not None
+        # the largest saved value's copy takes a twentieth of the forward's compute
+        forward = sum(n.time for n in problem.nodes[: problem.n_forward])
+        largest = max(problem.nodes[v].size for v in base.plan.of(S))
+        p = linked(problem, largest / (forward / 20))
+        plan, report = offload_hidden(p, base.plan)
+        made.append((p, plan))
+        return Planned(SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
+                                   bound=0.0, wall_time=0.0, solver="hosted"), cached=False)
+
+    return plan_for
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_offloaded_checkpointing_gives_eagers_gradients(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = GPTConfig(n_layer=3, d_model=32, n_head=4, seq_len=32, vocab=64)
+    model, inputs = make_gpt(config, batch=2, seed=seed)
+    reference = run_step(model, model, inputs)
+    made: list[tuple[Problem, Plan]] = []
+    monkeypatch.setattr(rematc.partition, "plan_for", hosting_planner(made))
+    torch._dynamo.reset()
+    model, inputs = make_gpt(config, batch=2, seed=seed)
+    compiled = rematc.compile(model, compiler="eager", host_bandwidth=1e6)  # a link: offload on
+    result = run_step(model, compiled, inputs)
+    assert made, "the partitioner did not run"
+    p, plan = made[0]
+    assert plan.of(OFF), "nothing offloaded"
+    assert any(t.offload_at > p.copy_out_from(t.node) for t in plan.transfers), "every copy out runs beside one step"
+    assert any(t.reload_at < next(s.before for s in plan.schedule if s.node == t.node) - 1
+               for t in plan.transfers), "every copy back runs beside one step"
+    assert_same_step(reference, result, rtol=1e-5, atol=1e-6)
