@@ -125,10 +125,10 @@ def transfer_stalls(problem: Problem, plan: Plan) -> dict[int, float]:
     due: dict[int, list[tuple[int, int]]] = {}  # step -> (way, issue step) done when it ends
     for t in plan.transfers:
         seconds = problem.transfer_time(t.node)
-        for way, start, end in ((0, problem.copy_out_from(t.node), t.offload_at),
-                                (1, t.reload_at, anchor[t.node] - 1)):
-            issued[way][start] = issued[way].get(start, 0.0) + seconds
-            due.setdefault(end, []).append((way, start))
+        for way, issue, last in ((0, problem.copy_out_from(t.node), t.offload_at),
+                                 (1, t.reload_at, anchor[t.node] - 1)):
+            issued[way][issue] = issued[way].get(issue, 0.0) + seconds
+            due.setdefault(last, []).append((way, issue))
     clock = 0.0
     free = [0.0, 0.0]  # when each engine has run what was issued so far
     done: tuple[dict[int, float], dict[int, float]] = ({}, {})  # way -> issue step -> batch done

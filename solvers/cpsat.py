@@ -420,7 +420,7 @@ def add_transfers(m: Model) -> None:
     for way in (0, 1):
         before: cp_model.IntVar | None = None
         for a in sorted(issued[way]):
-            load = sum(issued[way][a])
+            load = cp_model.LinearExpr.sum(issued[way][a])
             done[way][a] = m.cp.new_int_var(0, horizon, f"D[{way},{a}]")
             m.cp.add(done[way][a] >= m.start[a] + load)
             if before is not None:
@@ -436,12 +436,13 @@ def add_transfers(m: Model) -> None:
             m.cp.add(done[1][k] <= due).only_enforce_if(b)
 
 
-def waits(m: Model) -> cp_model.LinearExprT:
+def waits(m: Model) -> cp_model.LinearExpr:
     """W: the time units the compute stream waits for copies (0 without a host link)."""
     if not m.start:
-        return 0
+        return cp_model.LinearExpr.sum([])
     first, end = min(m.start), max(m.start)
-    return m.start[end] - m.start[first] - sum(m.problem.scale.time(n.time) for n in m.problem.nodes[first:end])
+    compute = sum(m.problem.scale.time(n.time) for n in m.problem.nodes[first:end])
+    return m.start[end] - m.start[first] - compute
 
 
 def add_memory(m: Model, *, minimize_peak: bool) -> None:

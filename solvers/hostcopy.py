@@ -68,8 +68,8 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
     if not moving:
         return plan, report
     reloads = sorted((anchor[v], v) for v in moving)
-    schedule = sorted([*plan.schedule, *(Step(v, a) for a, v in reloads)],
-                      key=lambda s: (s.before, s.node not in windows))  # reloads first in a step
+    schedule = tuple(sorted([*plan.schedule, *(Step(v, a) for a, v in reloads)],
+                      key=lambda s: (s.before, s.node not in windows)))  # reloads first in a step
     moved = Plan({**plan.decisions, **dict.fromkeys(moving, Decision.OFFLOAD)}, schedule,
                  tuple(Transfer(v, *windows[v]) for v in sorted(windows)))
     judged = check(problem, moved)
