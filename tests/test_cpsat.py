@@ -30,7 +30,6 @@ from solvers import (
     SolverConfig,
     SolveResult,
     Status,
-    Transfer,
     check,
     min_feasible_peak,
     plan_from_decisions,
@@ -341,7 +340,10 @@ def test_offload_is_chosen_where_its_copies_hide_under_compute() -> None:
     result = solve(offload_graph(host_bandwidth=2.0).with_budget(7), CFG)
     assert result.plan is not None and result.plan.decisions[1] is O
     assert result.objective == 0.0
-    assert result.plan.transfers == (Transfer(1, offload_at=3, reload_at=7),)
+    # out over c (step 3), perhaps loss too; back over gb (step 7), the step before ga
+    t = result.plan.transfer(1)
+    assert t is not None and t.offload_at in (3, 4) and t.reload_at == 7
+    assert result.report is not None and result.report.peak <= 7 and result.report.added_time == 0.0
 
 
 def test_recompute_is_chosen_where_the_copies_would_show() -> None:
