@@ -39,12 +39,16 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
 
     minimize    sum_{I,o} time[I,o] * x[I,o]
     subject to  sum_{I contains s} sum_o x[I,o] = 1                         for every s
-                S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} sum_o K[I,o] x[I,o]
+                S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} (sum_o K[I,o] x[I,o] - H[I])
                 S[s] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget  for every s
+                0 <= H[I] <= sum_o h[I,o] x[I,o],  H[I] <= room[I]
 
 where ``M[I,o,s]`` is the largest ``T_R(t) + D[I,o](t)`` over the steps ``s`` owns (steps
 no segment owns come after every span's forward and before its window: ``S`` of all
-plus their largest ``T_R``). CP-SAT solves it exactly; the composed plan goes to the
+plus their largest ``T_R``), and ``H[I]`` the bytes of what span ``I`` saves that go to
+host memory: at most ``h[I,o]``, the option's saved bytes that may be offloaded, and
+``room[I]``, what the host link carries while the span's compute hides it
+(:func:`host_room`; 0 without a link). CP-SAT solves it exactly; the composed plan goes to the
 checker, which stays the judge. Where the changes do not add up exactly (windows that
 interleave) and the checker finds the plan over budget, the chain model is solved again
 with the budget lowered by the excess.
@@ -249,6 +253,9 @@ class Option:
     saved: int  # bytes it keeps from the forward to the backward (the values it reads too)
     timeline: tuple[int, ...]  # the cut's live bytes at each of its steps
     source: str
+    # Of ``saved``, the bytes of values that may be offloaded (a forward step follows their
+    # last forward read); 0 without a host link
+    hostable: int = 0
 
 
 def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
@@ -302,8 +309,10 @@ def _judged(p: Problem, plans: Sequence[tuple[str, Plan]]) -> list[Option]:
 
 def _option(p: Problem, source: str, plan: Plan, report: Report) -> Option:
     saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE))
+    hostable = sum(p.nodes[v].size for v in plan.of(Decision.SAVE)
+                   if p.host_bandwidth > 0 and p.nodes[v].offloadable and p.copy_out_from(v) < p.n_forward)
     return Option(dict(plan.decisions), {t.node: (t.offload_at, t.reload_at) for t in plan.transfers},
-                  report.added_time, saved, report.timeline, source)
+                  report.added_time, saved, report.timeline, source, hostable)
 
 
 def _front(options: list[Option]) -> list[Option]:
@@ -377,9 +386,9 @@ def _in_time(deadline: float, config: SolverConfig) -> bool:
 
 
 def _pareto(opts: list[Option]) -> list[Option]:
-    """Drop each option another beats or ties on time, saved bytes and peak (the first of
-    equals stays)."""
-    keyed = [(o.time, o.saved, max(o.timeline, default=0)) for o in opts]
+    """Drop each option another beats or ties on time, saved bytes, peak and saved bytes
+    that may not be offloaded (the first of equals stays)."""
+    keyed = [(o.time, o.saved, max(o.timeline, default=0), o.saved - o.hostable) for o in opts]
     keep = []
     for i, a in enumerate(keyed):
         if not any(j != i and all(x <= y for x, y in zip(b, a, strict=True)) and (b != a or j < i)
@@ -586,6 +595,13 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         saved0 = [chain.options[i][0].saved for i in ending[s]]
         kept = kept + sum((o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
                           for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0)
+        for i in ending[s]:  # H[I]: what span I saves that its copies to the host carry off
+            most = sum(o.hostable // unit * v for o, v in zip(chain.options[i], x[i], strict=True))
+            room = host_room(chain, i) // unit
+            if room > 0 and any(o.hostable for o in chain.options[i]):
+                hosted = m.new_int_var(0, room, f"H{i}")
+                m.add(hosted <= most)
+                kept = kept - hosted
     if unowned:
         m.add(kept + -(-max(base[t] for t in unowned) // unit) <= peak)
     if minimize_peak:
@@ -602,6 +618,22 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     choice = [(i, k) for i, xs in enumerate(x) for k, v in enumerate(xs) if solver.boolean_value(v)]
     bound = solver.best_objective_bound * (unit if minimize_peak else seconds)
     return choice, bound, code == cp_model.OPTIMAL
+
+
+def host_room(chain: Chain, i: int) -> int:
+    """Bytes span ``i``'s saved values may take to the host and back while its compute
+    hides the copies: the host link's bandwidth times the shorter of its forward's compute
+    and its window's, less its segments' boundaries (which the reference offloads)."""
+    p = chain.problem
+    if p.host_bandwidth <= 0:
+        return 0
+    first, last = chain.spans[i]
+    segs = chain.segments[first:last + 1]
+    forward = sum(p.nodes[k].time for s in segs for k in range(s.forward[0], s.forward[1] + 1))
+    steps = {k for s in segs if s.window is not None for k in range(s.window[0], s.window[1] + 1)}
+    backward = sum(p.nodes[k].time for k in steps)
+    bounds = sum(p.nodes[s.forward[1]].size for s in segs)
+    return max(0, int(p.host_bandwidth * min(forward, backward)) - bounds)
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
