@@ -41,12 +41,13 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
     subject to  sum_{I contains s} sum_o x[I,o] = 1                         for every s
                 S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} (sum_o K[I,o] x[I,o] - H[I])
                 S[s] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget  for every s
-                0 <= H[I] <= sum_o h[I,o] x[I,o],  H[I] <= room[I]
+                0 <= H[I] <= sum_o (h[I,o] - h[I,ref]) x[I,o],  H[I] <= room[I]
 
 where ``M[I,o,s]`` is the largest ``T_R(t) + D[I,o](t)`` over the steps ``s`` owns (steps
 no segment owns come after every span's forward and before its window: ``S`` of all
 plus their largest ``T_R``), and ``H[I]`` the bytes of what span ``I`` saves that go to
-host memory: at most ``h[I,o]``, the option's saved bytes that may be offloaded, and
+host memory: at most ``h[I,o]``, the option's saved bytes that may be offloaded, beyond
+its reference's (which ``T_R`` counts offloaded), and
 ``room[I]``, what the host link carries while the span's compute hides it
 (:func:`host_room`; 0 without a link). CP-SAT solves it exactly; the composed plan goes to the
 checker, which stays the judge. Where the changes do not add up exactly (windows that
@@ -596,9 +597,11 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         kept = kept + sum((o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
                           for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0)
         for i in ending[s]:  # H[I]: what span I saves that its copies to the host carry off
-            most = sum(o.hostable // unit * v for o, v in zip(chain.options[i], x[i], strict=True))
+            # beyond its reference's, which T_R counts offloaded already
+            more = [max(0, o.hostable - chain.options[i][0].hostable) // unit for o in chain.options[i]]
+            most = sum(h * v for h, v in zip(more, x[i], strict=True))
             room = host_room(chain, i) // unit
-            if room > 0 and any(o.hostable for o in chain.options[i]):
+            if room > 0 and any(more):
                 hosted = m.new_int_var(0, room, f"H{i}")
                 m.add(hosted <= most)
                 kept = kept - hosted

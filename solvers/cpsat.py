@@ -388,7 +388,8 @@ def add_transfers(m: Model) -> None:
     C_{k+1} >= C_k + c_k (step k starts at C_k and computes for c_k);
     per way, for the batches of copies issued at steps a < b < ... with loads
     l_a = sum_v d_v [v issued at a]: D_a >= C_a + l_a, D_b >= D_a + l_b (one engine, in order);
-    out[v,k] => D_{o(v)} <= C_{k+1}; in[v,k] => D_k <= C_{P_v}; W = C_end - C_first - sum_k c_k,
+    out[v,k] => D_{o(v)} <= C_{k+1}; in[v,k] => D_k <= C_{P_v}; W = C_end - C_first - sum_k c_k;
+    and, implied, D_last <= C_F for the copies out (F the first backward step),
 
     with d_v = s_v / bandwidth, o(v) = ``copy_out_from(v)``, c_k step k's compute
     (``nodes[k].time``), all in time units: the checker's :func:`transfer_stalls`, whose
@@ -426,6 +427,10 @@ def add_transfers(m: Model) -> None:
             if before is not None:
                 m.cp.add(done[way][a] >= before + load)
             before = done[way][a]
+    # Implied (every window out ends in the forward), and a row the LP keeps where the
+    # reified waits below are dropped: the copies out take no longer than the forward
+    # and its waits, which bounds how much offload hides.
+    m.cp.add(done[0][max(done[0])] <= m.start[p.n_forward])
     clock = [m.start.get(k, 0) for k in range(len(p.nodes) + 1)]
     for v in m.O:
         for k, b in m.out_at[v].items():

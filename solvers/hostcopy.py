@@ -43,6 +43,7 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
     checker's report on it; ``plan`` and ``report`` (computed if not given) where nothing
     moves. Values in ``first`` are tried before the others, each group largest first."""
     report = report if report is not None else check(problem, plan)
+    first = set(first)
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return plan, report
     f = problem.n_forward
