@@ -293,13 +293,28 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
 
 
 def _fixed_plans(c: Cut) -> list[tuple[str, Plan]]:
-    """The options every cut has, reference first (:func:`options`)."""
+    """The options every cut has, reference first (:func:`options`); beside them, the plans
+    that save the values dearest to recompute for their bytes, up to ``k / SWEEP`` of
+    what the interior could save, and recompute the rest: the trade of kept bytes for time
+    the chain level makes, which CP-SAT's sweep (of the cut's own peak) need not offer, and
+    where the host link carries the kept bytes off (:func:`host_room`), what pays."""
     p = c.problem
     recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
     plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable - c.boundaries)),
                                      ("save", plan_with(p, set())), ("free", free_plan(p))]
     if c.boundaries:
         plans.append(("recompute-all", plan_with(p, recomputable)))
+    inner = recomputable - c.boundaries
+    dearest = sorted(inner, key=lambda v: (-p.nodes[v].time / max(p.nodes[v].size, 1), v))
+    total = sum(p.nodes[v].size for v in inner)
+    for k in range(1, SWEEP):
+        kept: set[int] = set()
+        room = total * k // SWEEP
+        for v in dearest:
+            if p.nodes[v].size <= room:
+                kept.add(v)
+                room -= p.nodes[v].size
+        plans.append((f"keep-dearest@{k}/{SWEEP}", plan_with(p, inner - kept)))
     return plans
 
 
