@@ -72,6 +72,7 @@ twice, to hold fewer of them at once, are :mod:`solvers.multilevel`'s.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import contextvars
@@ -427,8 +428,9 @@ class Chain:
     options: tuple[tuple[Option, ...], ...]  # per span; [0] is its reference
     reference: Report  # the checker's verdict on R: every one-segment span at its reference
     distinct: int  # spans of distinct shapes, each planned once
-    # Seconds one plan took to compose and check (R's): a solve keeps that much of its time
-    # limit for its last plan (half a second on a 405B-shaped step).
+    # Seconds one plan took to compose and check (R's, or with a host link the slower of
+    # R's and the one whose options save most to offload): a solve keeps that much of its
+    # time limit for its last plan (half a second on a 405B-shaped step).
     judge_s: float = 0.0
 
     @functools.cached_property
@@ -436,10 +438,11 @@ class Chain:
         """:func:`owners`, computed once per chain (every solve and prediction reads it)."""
         return tuple(owners(self))
 
-    def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
-        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
+    def plan(self, choice: Sequence[tuple[int, int]], *, lag: int | None = None) -> Plan:
+        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once
+        (``lag``: :func:`compose`'s)."""
         return compose(self.problem, [self.cuts[i] for i, _ in choice],
-                       [self.options[i][k] for i, k in choice])
+                       [self.options[i][k] for i, k in choice], lag=lag)
 
     def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
         """The chain model's live bytes at each step for ``(span, option)`` pairs: ``T_R``,
@@ -466,11 +469,14 @@ class Chain:
         return [by[s] for s in range(len(self.segments))]
 
 
-def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> Plan:
+def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *, lag: int | None = None) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
     the backward reads (boundaries between spans, values several segments read) is saved,
     or, where the problem has a host link, offloaded where its copies hide
-    (:func:`solvers.hostcopy.offload_hidden`, those values first, then what the options save)."""
+    (:func:`solvers.hostcopy.offload_hidden`, those values first, then what the options save).
+    ``lag``: where given, each copy out ends by the end of the forward of the span ``lag``
+    spans after its value's, so the engine's queue does not hold them in the forward
+    longer than the chain model counts (otherwise any time in the forward)."""
     decisions: dict[int, Decision] = {}
     transfers: dict[int, tuple[int, int]] = {}
     for c, o in zip(cuts, chosen, strict=True):
@@ -489,7 +495,12 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> 
     if problem.host_bandwidth <= 0:
         return plan
     interior = {g for c in cuts for g in c.interior}
-    return offload_hidden(problem, plan, first=[v for v in plan.of(Decision.SAVE) if v not in interior])[0]
+    saved = plan.of(Decision.SAVE)
+    due: dict[int, int] = {}
+    if lag is not None:
+        ends = sorted(max(g for g in c.steps if 0 <= g < problem.n_forward) for c in cuts)
+        due = {v: ends[min(bisect.bisect_left(ends, v) + lag, len(ends) - 1)] for v in saved}
+    return offload_hidden(problem, plan, first=[v for v in saved if v not in interior], due=due)[0]
 
 
 def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
@@ -540,8 +551,14 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
     t0 = time.perf_counter()
     reference = check(problem.with_budget(None),
                       compose(problem, [cuts[i] for i in singles], [opts[i][0] for i in singles]))
+    judge_s = time.perf_counter() - t0
+    if problem.host_bandwidth > 0:  # offloading what the options save costs most where they save most
+        t0 = time.perf_counter()
+        most = [max(opts[i], key=lambda o: o.hostable) for i in singles]
+        check(problem.with_budget(None), compose(problem, [cuts[i] for i in singles], most))
+        judge_s = max(judge_s, time.perf_counter() - t0)
     return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
-                 distinct=len(by_shape), judge_s=time.perf_counter() - t0)
+                 distinct=len(by_shape), judge_s=judge_s)
 
 
 def owners(chain: Chain) -> list[int | None]:
@@ -671,13 +688,18 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     target = budget
     singles = False  # the last try plans one segment at a time: where windows do not
     # interleave, the model then counts what the checker counts
-    reserve = 0.0 if config.deterministic else chain.judge_s
+    reserve = 0.0 if config.deterministic else chain.judge_s * (2 if problem.host_bandwidth > 0 else 1)
     for attempt in range(1, TIGHTEN + 2):
         left = max(0.1, _rest(config, t0) - reserve)
         chosen = solve_chain(chain, target, replace(config, time_limit=left), singles=singles)
         if chosen is not None:
             plan = chain.plan(chosen[0])
             report = check(problem, plan)
+            if not report.fits and problem.host_bandwidth > 0:
+                # the engine's queue held copies out in the forward past where the model
+                # counts them gone (a 405B step): each copy out ends by the next span's forward
+                plan = chain.plan(chosen[0], lag=1)
+                report = check(problem, plan)
             stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=attempt)
             if report.fits:
                 best = (plan, report)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, Step, Transfer
@@ -38,10 +38,13 @@ MOST_VALUES = 512  # saved values tried, the largest first: each try replays eve
 
 
 def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
+                   due: Mapping[int, int] | None = None,
                    report: Report | None = None) -> tuple[Plan, Report]:
     """``plan`` with saved values moved to host memory where both their copies hide, and the
     checker's report on it; ``plan`` and ``report`` (computed if not given) where nothing
-    moves. Values in ``first`` are tried before the others, each group largest first."""
+    moves. Values in ``first`` are tried before the others, each group largest first.
+    ``due``: the last step a value's copy out may end at (its device copy freed), where
+    the caller counts on it being gone by then; otherwise the forward's last step."""
     report = report if report is not None else check(problem, plan)
     first = set(first)
     if problem.host_bandwidth <= 0 or problem.single_phase:
@@ -51,7 +54,7 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
             if problem.nodes[v].offloadable and problem.nodes[v].size > 0
             and problem.copy_out_from(v) < f]
     pool.sort(key=lambda v: (v not in first, -problem.nodes[v].size, v))
-    ends = list(itertools.accumulate(n.time for n in problem.nodes))  # step k ends at ends[k]
+    clock = Clock(problem)
     first_entry: dict[int, int] = {}
     for s in plan.schedule:
         first_entry.setdefault(s.node, s.before)
@@ -62,7 +65,7 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
     moving: list[int] = []
     windows: dict[int, tuple[int, int]] = {}
     for v in pool[:MOST_VALUES]:
-        trial = _windows(problem, [*(t.node for t in plan.transfers), *moving, v], anchor, ends)
+        trial = _windows(problem, [*(t.node for t in plan.transfers), *moving, v], anchor, clock, due or {})
         if trial is not None:
             moving.append(v)
             windows = trial
@@ -79,27 +82,50 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
     return moved, judged
 
 
-def _windows(problem: Problem, offloaded: list[int], anchor: dict[int, int], ends: list[float]
-             ) -> dict[int, tuple[int, int]] | None:
+class Clock:
+    """The steps' own compute on one clock (step k runs from ``starts[k]`` to ``ends[k]``),
+    and each value's first step to copy out from and its copy's seconds, computed once."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.ends = list(itertools.accumulate(n.time for n in problem.nodes))
+        self.starts = [e - n.time for e, n in zip(self.ends, problem.nodes, strict=True)]
+        self._out_from: dict[int, int] = {}
+        self._seconds: dict[int, float] = {}
+
+    def out_from(self, v: int) -> int:
+        if v not in self._out_from:
+            self._out_from[v] = self.problem.copy_out_from(v)
+        return self._out_from[v]
+
+    def seconds(self, v: int) -> float:
+        if v not in self._seconds:
+            self._seconds[v] = self.problem.transfer_time(v)
+        return self._seconds[v]
+
+
+def _windows(problem: Problem, offloaded: list[int], anchor: dict[int, int], clock: Clock,
+             due: Mapping[int, int]) -> dict[int, tuple[int, int]] | None:
     """Each offloaded value's ``(offload_at, reload_at)`` (module docstring), or None where
-    some copy cannot hide. ``anchor``: each one's first backward consumer."""
+    some copy cannot hide, or ends after its ``due`` step. ``anchor``: each one's first
+    backward consumer."""
     f = problem.n_forward
-    starts = [e - n.time for e, n in zip(ends, problem.nodes, strict=True)]
+    starts, ends = clock.starts, clock.ends
     out: dict[int, int] = {}
     free = 0.0
-    for a, batch in itertools.groupby(sorted(offloaded, key=lambda v: (problem.copy_out_from(v), v)),
-                                      key=problem.copy_out_from):
+    for a, batch in itertools.groupby(sorted(offloaded, key=lambda v: (clock.out_from(v), v)),
+                                      key=lambda v: clock.out_from(v)):
         members = list(batch)
-        free = max(free, starts[a]) + sum(problem.transfer_time(v) for v in members)
+        free = max(free, starts[a]) + sum(clock.seconds(v) for v in members)
         x = max(a, bisect.bisect_left(ends, free * (1 - 1e-12)))
-        if x >= f:
+        if x >= f or any(x > due.get(v, f) for v in members):
             return None
         out.update(dict.fromkeys(members, x))
     back: dict[int, int] = {}
     latest = float("inf")  # when the copy issued next after this one starts
     for v in sorted(offloaded, key=lambda v: (-anchor[v], -v)):
         finish = min(starts[anchor[v]], latest)
-        begin = finish - problem.transfer_time(v)
+        begin = finish - clock.seconds(v)
         y = min(bisect.bisect_right(starts, begin * (1 + 1e-12)) - 1, anchor[v] - 1)
         if y < f:
             return None

@@ -57,6 +57,14 @@ def test_saved_values_move_to_the_host_where_their_copies_hide() -> None:
     assert check(p, plan) == report
 
 
+def test_a_copy_out_is_made_only_where_it_ends_by_its_due_step() -> None:
+    p = linked(chain_problem([10] * 6, [1.0] * 6), 10.0)
+    saved = save_all(p)
+    assert saved.plan is not None
+    assert 1 in offload_hidden(p, saved.plan, due={1: 3})[0].of(OFF)  # f0's copy ends with step 3
+    assert 1 not in offload_hidden(p, saved.plan, due={1: 2})[0].of(OFF)
+
+
 def test_copies_that_cannot_hide_leave_the_plan_as_it_is() -> None:
     p = linked(chain_problem([10] * 6, [1.0] * 6), 1.0)  # 10 s a copy: no window covers it
     saved = save_all(p)
