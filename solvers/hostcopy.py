@@ -9,9 +9,9 @@ time: a free saving, and at scale a large one (a Llama block's input, 32 MiB, ta
 at 50 GB/s, under a tenth of the block's forward).
 
 :func:`offload_hidden` makes that move for the largest saved values first (or those it is
-told to try first), each only if
-every copy accepted so far still hides with it. Windows are placed on the clock of the
-steps' own compute (``Node.time``, waits none, since none are let in):
+told to try first), each only if every copy accepted so far still hides with it. Windows
+are placed on the clock of the steps' own compute (``Node.time``; no waits, since none
+are let in):
 
 * out, as soon as possible: the copies issued at one step go as a batch after the
   engine's earlier work; the window ends at the first step whose end covers the batch,
@@ -72,8 +72,8 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
     if not moving:
         return plan, report
     reloads = sorted((anchor[v], v) for v in moving)
-    schedule = tuple(sorted([*plan.schedule, *(Step(v, a) for a, v in reloads)],
-                      key=lambda s: (s.before, s.node not in windows)))  # reloads first in a step
+    entries = [*plan.schedule, *(Step(v, a) for a, v in reloads)]
+    schedule = tuple(sorted(entries, key=lambda s: (s.before, s.node not in windows)))  # reloads first in a step
     moved = Plan({**plan.decisions, **dict.fromkeys(moving, Decision.OFFLOAD)}, schedule,
                  tuple(Transfer(v, *windows[v]) for v in sorted(windows)))
     judged = check(problem, moved)
