@@ -8,8 +8,8 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
 * a RECOMPUTED value again from the backward step it is recomputed before to its last
   backward consumer;
 * an OFFLOADED value, instead of its saved stretch, on to the end of the forward step its
-  copy out runs beside (``Transfer.offload_at``), and again from the backward step its copy
-  back runs beside (``Transfer.reload_at``) to its last backward consumer;
+  copy out must be done by (``Transfer.offload_at``), and again from the backward step its
+  copy back is issued at (``Transfer.reload_at``) to its last backward consumer;
 * a backward value: from its step to its last use (the end if ``keep``);
 * a copy whose last read is by the op that takes the value's storage over
   (``Problem.taken_over``), or by that op's recomputation, ends one step before that
