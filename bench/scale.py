@@ -17,9 +17,9 @@ fits. The traced problems have the H100 profile's 50 GB/s host link, so rematc m
 offload. With ``--offload-model``, that model at and below checkpointing's peak
 without the link (recomputation alone) against with it (recomputation and offload).
 
-    python -m bench.scale --models llama2-7b --cache /tmp/rematc-scale
+    python -m bench.scale --models llama2-7b --cache DIR
     python -m bench.scale --models llama2-7b llama2-70b llama3-405b llama3-405b-128k \\
-        --offload-model llama2-70b --cache /tmp/rematc-scale --out docs/scale.md
+        --offload-model llama2-70b --cache DIR --out docs/scale.md
 """
 
 from __future__ import annotations
