@@ -51,18 +51,20 @@ def explain(problem: Problem, plan: Plan, report: Report, *, unconstrained_peak:
     """Every value the plan decides on, largest first, with a reason."""
     at_peak = set(live_at(problem, plan, report.peak_step))
     everything_fits = problem.budget is None or unconstrained_peak <= problem.budget
+    stalls = transfer_stalls(problem, plan)  # one replay of the copy engines for every row
     rows = []
     for i, d in plan.decisions.items():
         n = problem.nodes[i]
         rows.append(Explained(i, n.name, n.op, d, n.size, n.time, n.flops,
                               _why(problem, plan, i, d, at_peak=i in at_peak,
-                                   everything_fits=everything_fits, peak_step=report.peak_step)))
+                                   everything_fits=everything_fits, peak_step=report.peak_step,
+                                   stalls=stalls)))
     rows.sort(key=lambda r: (-r.size, r.index))
     return rows
 
 
 def _why(problem: Problem, plan: Plan, i: int, d: Decision, *, at_peak: bool,
-         everything_fits: bool, peak_step: int) -> str:
+         everything_fits: bool, peak_step: int, stalls: dict[int, float]) -> str:
     n = problem.nodes[i]
     if d is Decision.SAVE:
         if everything_fits:
@@ -81,7 +83,6 @@ def _why(problem: Problem, plan: Plan, i: int, d: Decision, *, at_peak: bool,
         if t is None:
             return "copied to host after its last forward use, back before its first backward use"
         # Hidden where the compute stream never waits at the end of either copy's window.
-        stalls = transfer_stalls(problem, plan)
         back_due = next(s.before for s in plan.schedule if s.node == i) - 1
         hidden = t.offload_at not in stalls and back_due not in stalls
         return (f"copied to host over steps {problem.copy_out_from(i)}..{t.offload_at} and back over "

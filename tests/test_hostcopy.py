@@ -33,6 +33,7 @@ from solvers.plan import Transfer
 from solvers.problem import chain_problem
 from tests.helpers import assert_same_step, run_step
 from tests.test_cpsat import small_problems
+from tests.test_multilevel import deep_gpt, every_segment_peak
 
 OFF, S = Decision.OFFLOAD, Decision.SAVE
 
@@ -86,8 +87,7 @@ def test_offloading_never_costs_time_or_memory(problem: Problem, every: int, ban
 
 
 def deep() -> Problem:
-    from tests.test_multilevel import deep_gpt
-
+    """The multi-level tests' deep GPT (no host link) with a 1 GB/s link."""
     return linked(deep_gpt(), 1e9)
 
 
@@ -106,15 +106,12 @@ def test_a_grouped_plan_keeps_its_schedule_with_its_inputs_offloaded() -> None:
 def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets() -> None:
     """On the deep GPT with a 1 GB/s link, the chain model's reference offloads the block
     inputs, so it plans at budgets where it had no plan without the link."""
-    p = deep()
-    alone = deep_gpt_unlinked()
+    p, alone = deep(), deep_gpt()
     config = SolverConfig(time_limit=10.0, workers=2)
     built = chain.build_chain(p, config)
     assert built is not None
-    every = checkpoint_every(alone).report
-    assert every is not None
-    assert built.reference.offloaded_bytes > 0 and built.reference.peak < every.peak
-    budget = int(0.7 * every.peak)
+    assert built.reference.offloaded_bytes > 0 and built.reference.peak < every_segment_peak(alone)
+    budget = int(0.7 * every_segment_peak(alone))
     assert chain.solve(alone.with_budget(budget), config).plan is None
     r = chain.solve(p.with_budget(budget), config, chain=built)
     assert r.plan is not None and r.report is not None and r.report.fits and r.report.n_offloaded
@@ -124,19 +121,13 @@ def test_at_checkpointings_peak_offload_halves_what_recomputation_adds() -> None
     """The chain model counts what its spans save and the link carries off (H[I]): on the
     deep GPT with a 1 GB/s link, at checkpointing every segment's peak, its plan adds under
     half what its plan without the link adds (0.22x when measured)."""
-    p = deep()
-    alone = deep_gpt_unlinked()
+    p, alone = deep(), deep_gpt()
     config = SolverConfig(time_limit=10.0, workers=2)
-    every = checkpoint_every(alone).report
-    assert every is not None
-    remat = chain.solve(alone.with_budget(every.peak), config).report
-    both = chain.solve(p.with_budget(every.peak), config).report
+    peak = every_segment_peak(alone)
+    remat = chain.solve(alone.with_budget(peak), config).report
+    both = chain.solve(p.with_budget(peak), config).report
     assert remat is not None and both is not None and both.fits
     assert both.added_time < 0.5 * remat.added_time
-
-
-def deep_gpt_unlinked() -> Problem:
-    return linked(deep(), 0.0)
 
 
 def test_the_default_planner_takes_offloaded_checkpointing_where_it_fits() -> None:
