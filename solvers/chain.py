@@ -42,6 +42,7 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
                 S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} (sum_o K[I,o] x[I,o] - H[I])
                 S[s] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget  for every s
                 0 <= H[I] <= sum_o (h[I,o] - h[I,ref]) x[I,o],  H[I] <= room[I]
+                sum_{I starts at s or later} H[I]  <=  later[s]              for every s
 
 where ``M[I,o,s]`` is the largest ``T_R(t) + D[I,o](t)`` over the steps ``s`` owns (steps
 no segment owns come after every span's forward and before its window: ``S`` of all
@@ -49,10 +50,15 @@ plus their largest ``T_R``), and ``H[I]`` the bytes of what span ``I`` saves tha
 host memory: at most ``h[I,o]``, the option's saved bytes that may be offloaded, beyond
 its reference's (which ``T_R`` counts offloaded), and
 ``room[I]``, what the host link carries while the span's compute hides it
-(:func:`host_room`; 0 without a link). CP-SAT solves it exactly; the composed plan goes to the
-checker, which stays the judge. Where the changes do not add up exactly (windows that
-interleave) and the checker finds the plan over budget, the chain model is solved again
-with the budget lowered by the excess.
+(:func:`host_room`; 0 without a link), and ``later[s]`` what it carries between segment
+``s``'s forward and the forward's end and before ``s``'s window (:func:`link_rooms`): the
+copies of the last segments have little compute left to hide under. Options never
+offload: every copy shares the one link, which only this level sees. CP-SAT solves the
+model over one-segment spans first (within 0.1% of its optimum in 5 s on a 405B step), then over all
+spans from that plan; the composed plan goes to the checker, which stays the judge.
+Where the changes do not add up exactly (windows that interleave, copies queued on the
+engine) and the checker finds the plan over budget, the chain model is solved again with
+the budget lowered by the excess, then twice it, and so on.
 
 Options found before. Inside :func:`sharing_options`, the options of each cut are kept
 by its *structure* (its ops, reads and flags, without sizes or times), and a cut of the
@@ -78,9 +84,10 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import itertools
 import math
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
@@ -250,7 +257,6 @@ class Option:
     """One way to plan a segment: its decisions (in the cut's indices), what it adds."""
 
     decisions: dict[int, Decision] = field(hash=False)
-    transfers: dict[int, tuple[int, int]] = field(hash=False)
     time: float  # seconds it adds
     saved: int  # bytes it keeps from the forward to the backward (the values it reads too)
     timeline: tuple[int, ...]  # the cut's live bytes at each of its steps
@@ -264,17 +270,20 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
     """The options of one cut: its reference (recompute every interior value but the inner
     boundaries; first), save them all, recompute the free ones, recompute all (inner
     boundaries too), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least peak
-    to saving all. Pareto-dominated ones dropped, the reference kept. An option is its
+    to saving all; none offloads. Pareto-dominated ones dropped, the reference kept. An option is its
     decisions, so plans that recompute a value more than once are neither sought nor kept
     (their schedule is more than their decisions)."""
     from solvers import planner  # cpsat seeds its search with this module's plans
 
     p = c.problem
+    # No option offloads: its copies would share the step's link with every other span's,
+    # which only the chain level sees (``H``, :func:`compose`).
+    unlinked = replace(p, host_bandwidth=0.0)
     config = replace(config, multilevel=False)
     plans = _fixed_plans(c)
     low = plans[0][1]
     if _in_time(deadline, config):
-        least = planner.min_feasible_peak(p, replace(config, time_limit=_left(deadline, config)))
+        least = planner.min_feasible_peak(unlinked, replace(config, time_limit=_left(deadline, config)))
         if least.plan is not None and not least.plan.multilevel:
             plans.append(("least-peak", least.plan))
             low = least.plan
@@ -285,7 +294,7 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
             break
         budget = lo + (hi - lo) * k // SWEEP
         try:
-            r = planner.solve(p.with_budget(budget), replace(config, time_limit=_left(deadline, config)))
+            r = planner.solve(unlinked.with_budget(budget), replace(config, time_limit=_left(deadline, config)))
         except InfeasibleBudgetError:
             continue
         if r.plan is not None and not r.plan.multilevel:
@@ -328,8 +337,7 @@ def _option(p: Problem, source: str, plan: Plan, report: Report) -> Option:
     saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE))
     hostable = sum(p.nodes[v].size for v in plan.of(Decision.SAVE)
                    if p.host_bandwidth > 0 and p.nodes[v].offloadable and p.copy_out_from(v) < p.n_forward)
-    return Option(dict(plan.decisions), {t.node: (t.offload_at, t.reload_at) for t in plan.transfers},
-                  report.added_time, saved, report.timeline, source, hostable)
+    return Option(dict(plan.decisions), report.added_time, saved, report.timeline, source, hostable)
 
 
 def _front(options: list[Option]) -> list[Option]:
@@ -349,7 +357,7 @@ def rejudged(c: Cut, known: Sequence[Option]) -> list[Option]:
         if o.source in fixed:
             continue
         try:
-            plan = plan_from_decisions(p, o.decisions, o.transfers)
+            plan = plan_from_decisions(p, o.decisions)
             report = check(p, plan)
         except PlanError:
             continue
@@ -428,6 +436,9 @@ class Chain:
     options: tuple[tuple[Option, ...], ...]  # per span; [0] is its reference
     reference: Report  # the checker's verdict on R: every one-segment span at its reference
     distinct: int  # spans of distinct shapes, each planned once
+    # Bytes R's plan offloads of the values each segment's forward makes (the link's time
+    # they take is not the options' to count again): all 0 without a host link.
+    hosted: tuple[int, ...] = ()
     # Seconds one plan took to compose and check (R's, or with a host link the slower of
     # R's and the one whose options save most to offload): a solve keeps that much of its
     # time limit for its last plan (half a second on a 405B-shaped step).
@@ -438,11 +449,10 @@ class Chain:
         """:func:`owners`, computed once per chain (every solve and prediction reads it)."""
         return tuple(owners(self))
 
-    def plan(self, choice: Sequence[tuple[int, int]], *, lag: int | None = None) -> Plan:
-        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once
-        (``lag``: :func:`compose`'s)."""
+    def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
+        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
         return compose(self.problem, [self.cuts[i] for i, _ in choice],
-                       [self.options[i][k] for i, k in choice], lag=lag)
+                       [self.options[i][k] for i, k in choice])
 
     def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
         """The chain model's live bytes at each step for ``(span, option)`` pairs: ``T_R``,
@@ -469,38 +479,21 @@ class Chain:
         return [by[s] for s in range(len(self.segments))]
 
 
-def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *, lag: int | None = None) -> Plan:
+def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
     the backward reads (boundaries between spans, values several segments read) is saved,
     or, where the problem has a host link, offloaded where its copies hide
-    (:func:`solvers.hostcopy.offload_hidden`, those values first, then what the options save).
-    ``lag``: where given, each copy out ends by the end of the forward of the span ``lag``
-    spans after its value's, so the engine's queue does not hold them in the forward
-    longer than the chain model counts (otherwise any time in the forward)."""
-    decisions: dict[int, Decision] = {}
-    transfers: dict[int, tuple[int, int]] = {}
-    for c, o in zip(cuts, chosen, strict=True):
-        for g, j in c.interior.items():
-            d = o.decisions.get(j)
-            if d is None:
-                continue
-            decisions[g] = d
-            if j in o.transfers:
-                out, back = o.transfers[j]
-                transfers[g] = (c.steps[out], c.steps[back])
-    recomputed = {v for v, d in decisions.items() if d is Decision.RECOMPUTE}
-    merged = dict(plan_with(problem, recomputed).decisions)
-    merged.update({v: d for v, d in decisions.items() if d is Decision.OFFLOAD and v in merged})
-    plan = plan_from_decisions(problem, merged, transfers)
+    (:func:`solvers.hostcopy.offload_hidden`)."""
+    plan = plan_with(problem, {g for c, o in zip(cuts, chosen, strict=True) for g, j in c.interior.items()
+                               if o.decisions.get(j) is Decision.RECOMPUTE})
     if problem.host_bandwidth <= 0:
         return plan
+    # Boundaries (what T_R counts offloaded) first, then what the options save; each the
+    # latest first: the copies of the last segments have the least compute left to hide
+    # under, and the chain model counts on the room it gave them (``link_rooms``).
     interior = {g for c in cuts for g in c.interior}
-    saved = plan.of(Decision.SAVE)
-    due: dict[int, int] = {}
-    if lag is not None:
-        ends = sorted(max(g for g in c.steps if 0 <= g < problem.n_forward) for c in cuts)
-        due = {v: ends[min(bisect.bisect_left(ends, v) + lag, len(ends) - 1)] for v in saved}
-    return offload_hidden(problem, plan, first=[v for v in saved if v not in interior], due=due)[0]
+    order = sorted(plan.of(Decision.SAVE), key=lambda v: (v in interior, -v))
+    return offload_hidden(problem, plan, order=order)[0]
 
 
 def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
@@ -549,8 +542,8 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
     opts = tuple(tuple(by_shape[c.signature]) for c in cuts)
     singles = [i for i, (a, b) in enumerate(spans) if a == b]
     t0 = time.perf_counter()
-    reference = check(problem.with_budget(None),
-                      compose(problem, [cuts[i] for i in singles], [opts[i][0] for i in singles]))
+    r_plan = compose(problem, [cuts[i] for i in singles], [opts[i][0] for i in singles])
+    reference = check(problem.with_budget(None), r_plan)
     judge_s = time.perf_counter() - t0
     if problem.host_bandwidth > 0:  # offloading what the options save costs most where they save most
         t0 = time.perf_counter()
@@ -558,7 +551,19 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
         check(problem.with_budget(None), compose(problem, [cuts[i] for i in singles], most))
         judge_s = max(judge_s, time.perf_counter() - t0)
     return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
-                 distinct=len(by_shape), judge_s=judge_s)
+                 distinct=len(by_shape), hosted=tuple(offloaded_by_segment(problem, segments, r_plan)),
+                 judge_s=judge_s)
+
+
+def offloaded_by_segment(problem: Problem, segments: Sequence[Segment], plan: Plan) -> list[int]:
+    """The bytes ``plan`` offloads of the values each segment's forward makes."""
+    starts = [seg.forward[0] for seg in segments]
+    out = [0] * len(segments)
+    for v in plan.of(Decision.OFFLOAD):
+        s = bisect.bisect_right(starts, v) - 1
+        if s >= 0 and v <= segments[s].forward[1]:
+            out[s] += problem.nodes[v].size
+    return out
 
 
 def owners(chain: Chain) -> list[int | None]:
@@ -580,12 +585,16 @@ def owners(chain: Chain) -> list[int | None]:
 
 
 def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minimize_peak: bool = False,
-                singles: bool = False) -> tuple[list[tuple[int, int]], float, bool] | None:
+                singles: bool = False, hint: Sequence[tuple[int, int]] | None = None,
+                hosts_at_most: Mapping[tuple[int, int], int] | None = None,
+                ) -> tuple[list[tuple[int, int]], float, bool] | None:
     """Spans covering the chain and one option each: the least added time within
     ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
-    with ``singles``, one-segment spans only. Returns the ``(span, option)`` pairs, the
-    model's bound (seconds, or bytes for the peak) and whether it is proven optimal; None
-    where the chain model has no solution."""
+    with ``singles``, one-segment spans only; ``hint``: pairs to start the search from;
+    ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
+    that option offloaded beyond R). Returns the ``(span, option)`` pairs, the model's bound (seconds, or bytes for the
+    peak) and whether it is proven optimal; None where the chain model has no solution."""
+    t0 = time.perf_counter()
     p = chain.problem
     unit = p.scale.bytes_per_unit
     seconds = p.scale.seconds_per_unit
@@ -614,6 +623,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         m.add_exactly_one(v for i in covering[s] for v in x[i])
     top = sum(nd.size for nd in p.nodes) // unit + 1
     peak = m.new_int_var(0, top, "peak")
+    hosted_from: list[list[cp_model.IntVar]] = [[] for _ in range(n)]  # H[I] by I's first segment
+    caps = hosts_at_most or {}
     kept: cp_model.LinearExprT = 0  # S[s]: what the spans before segment s keep
     for s in range(n):
         extra = []
@@ -626,19 +637,33 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
                 extra.append(-(-high // unit) * v)
         m.add(kept + sum(extra) <= peak)
         saved0 = [chain.options[i][0].saved for i in ending[s]]
-        kept = kept + sum((o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
-                          for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0)
+        change = [(o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
+                  for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0]
         for i in ending[s]:  # H[I]: what span I saves that its copies to the host carry off
             # beyond its reference's, which T_R counts offloaded already
-            more = [max(0, o.hostable - chain.options[i][0].hostable) // unit for o in chain.options[i]]
+            more = [min(max(0, o.hostable - chain.options[i][0].hostable), caps.get((i, k), top * unit)) // unit
+                    for k, o in enumerate(chain.options[i])]
             most = sum(h * v for h, v in zip(more, x[i], strict=True))
             room = host_room(chain, i) // unit
             if room > 0 and any(more):
                 hosted = m.new_int_var(0, room, f"H{i}")
                 m.add(hosted <= most)
-                kept = kept - hosted
+                change.append(-hosted)
+                hosted_from[chain.spans[i][0]].append(hosted)
+        if change:  # S[s + 1] as a variable of its own: the model stays linear in the segments
+            after = m.new_int_var(-top, top, f"S{s + 1}")
+            m.add(after == kept + sum(change))
+            kept = after
     if unowned:
         m.add(kept + -(-max(base[t] for t in unowned) // unit) <= peak)
+    # What spans from segment s on carry off goes out between its forward's end and the
+    # forward's, and comes back before its window begins: for the last segments, less
+    # than their own rooms add up to.
+    later: cp_model.LinearExprT = 0
+    for s, room in reversed(list(enumerate(link_rooms(chain)))):
+        if hosted_from[s]:
+            later = later + sum(hosted_from[s])
+            m.add(later <= room // unit)
     if minimize_peak:
         m.minimize(peak)
     else:
@@ -646,7 +671,14 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
             m.add(peak <= budget // unit)
         m.minimize(sum(round(o.time / seconds) * v for opts, xs in zip(chain.options, x, strict=True)
                        if xs for o, v in zip(opts, xs, strict=True)))
-    solver = make_solver(replace(config, relative_gap=0.0))
+    if hint is not None:
+        hinted = set(hint)
+        for i, xs in enumerate(x):
+            for k, v in enumerate(xs):
+                m.add_hint(v, (i, k) in hinted)
+    # building the model counts against the time limit (seconds on a 405B step's spans)
+    built = config if config.deterministic else replace(config, time_limit=max(0.1, _rest(config, t0)))
+    solver = make_solver(replace(built, relative_gap=0.0))
     code = solver.solve(m)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -658,7 +690,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
 def host_room(chain: Chain, i: int) -> int:
     """Bytes span ``i``'s saved values may take to the host and back while its compute
     hides the copies: the host link's bandwidth times the shorter of its forward's compute
-    and its window's, less its segments' boundaries (which the reference offloads)."""
+    and its window's, less what R's plan offloads of its segments' values (counted in
+    ``T_R`` already: its boundaries, and what its reference saves)."""
     p = chain.problem
     if p.host_bandwidth <= 0:
         return 0
@@ -667,8 +700,24 @@ def host_room(chain: Chain, i: int) -> int:
     forward = sum(p.nodes[k].time for s in segs for k in range(s.forward[0], s.forward[1] + 1))
     steps = {k for s in segs if s.window is not None for k in range(s.window[0], s.window[1] + 1)}
     backward = sum(p.nodes[k].time for k in steps)
-    bounds = sum(p.nodes[s.forward[1]].size for s in segs)
-    return max(0, int(p.host_bandwidth * min(forward, backward)) - bounds)
+    return max(0, int(p.host_bandwidth * min(forward, backward)) - sum(chain.hosted[first:last + 1]))
+
+
+def link_rooms(chain: Chain) -> list[int]:
+    """For each segment ``s``, the bytes the spans from it on may take to the host beyond
+    what R's plan does: the link's bandwidth times the shorter of the forward's compute
+    after ``s``'s and the backward's before ``s``'s window, less what R's plan offloads
+    of those segments' values (0 at least). One engine each way that finishes every copy
+    out by the forward's end, and every copy back by its window's start, needs no more."""
+    p = chain.problem
+    f = p.n_forward
+    ends = list(itertools.accumulate(n.time for n in p.nodes))
+    rooms = []
+    for s, seg in enumerate(chain.segments):
+        after = ends[f - 1] - ends[seg.forward[1]]
+        before = ends[seg.window[0] - 1] - ends[f - 1] if seg.window is not None else 0.0
+        rooms.append(max(0, int(p.host_bandwidth * min(after, before)) - sum(chain.hosted[s:])))
+    return rooms
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
@@ -684,37 +733,49 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     budget = problem.budget
     stats: dict[str, float | int | str] = {"segments": len(chain.segments), "distinct": chain.distinct,
                                            "options": sum(len(o) for o in chain.options)}
-    best: tuple[Plan, Report] | None = None
-    target = budget
-    singles = False  # the last try plans one segment at a time: where windows do not
-    # interleave, the model then counts what the checker counts
+    best: tuple[Plan, Report, list[tuple[int, int]]] | None = None
     reserve = 0.0 if config.deterministic else chain.judge_s * (2 if problem.host_bandwidth > 0 else 1)
-    for attempt in range(1, TIGHTEN + 2):
-        left = max(0.1, _rest(config, t0) - reserve)
-        chosen = solve_chain(chain, target, replace(config, time_limit=left), singles=singles)
-        if chosen is not None:
+    # One-segment spans first: a smaller model, solved in seconds on a 405B step, whose
+    # windows do not interleave, so that it counts what the checker counts. Its plan then
+    # starts the search over all spans, which has the rest of the time.
+    start = [(i, 0) for i in chain.singles()]  # R: in the model, the least it keeps
+    caps: dict[tuple[int, int], int] = {}  # hosts_at_most, learnt from composed plans
+    solves = 0
+    for singles in (True, False):
+        target = budget
+        for tries in range(TIGHTEN):
+            left = _rest(config, t0) - reserve
+            if left <= 0:
+                break
+            solves += 1
+            chosen = solve_chain(chain, target, replace(config, time_limit=left / 2 if singles else left),
+                                 singles=singles, hint=best[2] if best else start, hosts_at_most=caps)
+            if chosen is None:
+                break
+            start = chosen[0]  # over the budget, if so, by a little: the next search starts there
             plan = chain.plan(chosen[0])
             report = check(problem, plan)
-            if not report.fits and problem.host_bandwidth > 0:
-                # the engine's queue held copies out in the forward past where the model
-                # counts them gone (a 405B step): each copy out ends by the next span's forward
-                plan = chain.plan(chosen[0], lag=1)
-                report = check(problem, plan)
-            stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=attempt)
+            stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=solves)
             if report.fits:
-                best = (plan, report)
+                if best is None or report.added_time < best[1].added_time:
+                    best = (plan, report, chosen[0])
                 break
             assert budget is not None and target is not None
-            target = max(0, target - (report.peak - budget))
-        if singles:
-            break
-        if chosen is None or attempt == TIGHTEN:
-            singles, target = True, budget
+            # Where the link carried off less than the model counted, it counts no more for
+            # those options; and the budget is lowered by the excess, then twice it, four
+            # times...: where the model's peak is under the target already, lowering it by
+            # the excess alone may change nothing.
+            carried = offloaded_by_segment(problem, chain.segments, plan)
+            for i, k in chosen[0]:
+                a, b = chain.spans[i][0], chain.spans[i][1] + 1
+                beyond = max(0, sum(carried[a:b]) - sum(chain.hosted[a:b]))
+                caps[(i, k)] = min(caps.get((i, k), beyond), beyond)
+            target = max(0, target - (report.peak - budget) * 2**tries)
     wall = time.perf_counter() - t0
     if best is None:
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=wall, solver="chain", stats=stats)
-    plan, report = best
+    plan, report, _ = best
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
                        bound=0.0, wall_time=wall, solver="chain", stats=stats)
 

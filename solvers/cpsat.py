@@ -161,6 +161,7 @@ PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when 
 # a minute, so the chain model gets all the time and the flat search does not run
 # (docs/solvers.md, the chain model).
 CHAIN_ONLY_CANDIDATES = 1000
+LATE_GREEDY_SHARE = 0.05  # of the time limit, kept for the greedy after the chain model's plan there
 KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
 CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) that may seed it instead
 # Candidates from which a problem's chain model runs: below, the flat model finds the
@@ -633,12 +634,15 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     t0 = time.perf_counter()
     from solvers import chain
 
-    share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     built = chain.build_chain(problem, config)
-    found = [greedy(problem, SolverConfig(time_limit=share)), *checkpointing(problem, config),
-             *hosted(problem, config), *grouped(problem, config)]
-    left = replace(config, time_limit=chain._rest(config, t0))
+    found = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
+    # The greedy comes last, with what the chain model leaves of the time: at this size
+    # one of its checker replays takes up to half a second, and its plan is seldom the best.
+    share = 0.0 if config.deterministic else config.time_limit * LATE_GREEDY_SHARE
+    left = replace(config, time_limit=max(0.1, chain._rest(config, t0) - share))
     found.append(chain.solve(problem, left, chain=built))
+    found.append(greedy(problem, SolverConfig(
+        time_limit=math.inf if config.deterministic else chain._rest(config, t0))))
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),

@@ -8,8 +8,8 @@ where both copies finish inside windows of compute long enough to cover them, it
 time: a free saving, and at scale a large one (a Llama block's input, 32 MiB, takes 0.67 ms
 at 50 GB/s, under a tenth of the block's forward).
 
-:func:`offload_hidden` makes that move for the largest saved values first (or those it is
-told to try first), each only if every copy accepted so far still hides with it. Windows
+:func:`offload_hidden` makes that move for the largest saved values first (or in the order
+it is given), each only if every copy accepted so far still hides with it. Windows
 are placed on the clock of the steps' own compute (``Node.time``; no waits, since none
 are let in):
 
@@ -17,8 +17,9 @@ are let in):
   engine's earlier work; the window ends at the first step whose end covers the batch,
   which frees the device copy as early as the engine allows;
 * back, as late as possible: going from the last deadline (the start of the value's first
-  backward consumer) to the first, each copy ends by its deadline and before the next
-  one is issued, and is issued at the latest step that starts early enough.
+  backward consumer) to the first, each copy begins early enough to end by its deadline
+  and by when the next one begins, and is issued at the latest step that starts by then,
+  before the next one's (copies issued at one step would finish as one batch).
 
 The checker judges the result; a plan whose added time or peak it finds above the
 original's is not returned.
@@ -28,32 +29,31 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Collection, Mapping
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from solvers.checker import Report, check
 from solvers.plan import Decision, Plan, Step, Transfer
 from solvers.problem import Problem
 
-MOST_VALUES = 512  # saved values tried, the largest first: each try replays every accepted copy
 
-
-def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
-                   due: Mapping[int, int] | None = None,
+def offload_hidden(problem: Problem, plan: Plan, *, order: Sequence[int] | None = None,
                    report: Report | None = None) -> tuple[Plan, Report]:
     """``plan`` with saved values moved to host memory where both their copies hide, and the
     checker's report on it; ``plan`` and ``report`` (computed if not given) where nothing
-    moves. Values in ``first`` are tried before the others, each group largest first.
-    ``due``: the last step a value's copy out may end at (its device copy freed), where
-    the caller counts on it being gone by then; otherwise the forward's last step."""
+    moves. ``order``: the saved values to try, in that order; by default all of them, the
+    largest first."""
     report = report if report is not None else check(problem, plan)
-    first = set(first)
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return plan, report
     f = problem.n_forward
-    pool = [v for v in plan.of(Decision.SAVE)
-            if problem.nodes[v].offloadable and problem.nodes[v].size > 0
+    saved = set(plan.of(Decision.SAVE))
+    if order is None:
+        order = sorted(saved, key=lambda v: (-problem.nodes[v].size, v))
+    pool = [v for v in order if v in saved and problem.nodes[v].offloadable and problem.nodes[v].size > 0
             and problem.copy_out_from(v) < f]
-    pool.sort(key=lambda v: (v not in first, -problem.nodes[v].size, v))
     clock = Clock(problem)
     first_entry: dict[int, int] = {}
     for s in plan.schedule:
@@ -62,15 +62,13 @@ def offload_hidden(problem: Problem, plan: Plan, *, first: Collection[int] = (),
                                                    if plan.decisions.get(u) is Decision.RECOMPUTE)])
               for v in pool}
     anchor.update({t.node: first_entry[t.node] for t in plan.transfers})
-    moving: list[int] = []
-    windows: dict[int, tuple[int, int]] = {}
-    for v in pool[:MOST_VALUES]:
-        trial = _windows(problem, [*(t.node for t in plan.transfers), *moving, v], anchor, clock, due or {})
-        if trial is not None:
-            moving.append(v)
-            windows = trial
+    engines = _Engines(problem, anchor, clock)
+    if not all(engines.add(t.node) for t in plan.transfers):
+        return plan, report  # the plan's own copies do not hide: no room to judge more by
+    moving = [v for v in pool if engines.add(v)]
     if not moving:
         return plan, report
+    windows = engines.windows()
     reloads = sorted((anchor[v], v) for v in moving)
     entries = [*plan.schedule, *(Step(v, a) for a, v in reloads)]
     schedule = tuple(sorted(entries, key=lambda s: (s.before, s.node not in windows)))  # reloads first in a step
@@ -104,31 +102,79 @@ class Clock:
         return self._seconds[v]
 
 
-def _windows(problem: Problem, offloaded: list[int], anchor: dict[int, int], clock: Clock,
-             due: Mapping[int, int]) -> dict[int, tuple[int, int]] | None:
-    """Each offloaded value's ``(offload_at, reload_at)`` (module docstring), or None where
-    some copy cannot hide, or ends after its ``due`` step. ``anchor``: each one's first
-    backward consumer."""
-    f = problem.n_forward
-    starts, ends = clock.starts, clock.ends
-    out: dict[int, int] = {}
-    free = 0.0
-    for a, batch in itertools.groupby(sorted(offloaded, key=lambda v: (clock.out_from(v), v)),
-                                      key=lambda v: clock.out_from(v)):
-        members = list(batch)
-        free = max(free, starts[a]) + sum(clock.seconds(v) for v in members)
-        x = max(a, bisect.bisect_left(ends, free * (1 - 1e-12)))
-        if x >= f or any(x > due.get(v, f) for v in members):
-            return None
-        out.update(dict.fromkeys(members, x))
-    back: dict[int, int] = {}
-    latest = float("inf")  # when the copy issued next after this one starts
-    for v in sorted(offloaded, key=lambda v: (-anchor[v], -v)):
-        finish = min(starts[anchor[v]], latest)
-        begin = finish - clock.seconds(v)
-        y = min(bisect.bisect_right(starts, begin * (1 + 1e-12)) - 1, anchor[v] - 1)
-        if y < f:
-            return None
-        back[v] = y
-        latest = starts[y]
-    return {v: (out[v], back[v]) for v in offloaded}
+class _Engines:
+    """The two copy engines' work for the values accepted so far (module docstring), kept
+    so that trying one more value replays only what it changes.
+
+    Out: the batches issued at each step, in step order; batch ``j`` is done at
+    ``F_j = max(F_{j-1}, start_j) + l_j``, that is ``L_j + max_{i <= j}(start_i - L_{i-1})``
+    over the running sums ``L`` of the batches' seconds, and its window ends at the first
+    step whose end covers ``F_j``. Back: the values from the latest first backward
+    consumer to the earliest, each beginning at ``min(its consumer's start, the next
+    one's begin) - its seconds`` and issued at the latest step that starts by then,
+    before the next one's issue step; each copy then runs from its begin at the latest,
+    so ends in time. A new value moves only the copies issued before it, up to the first
+    that stays put."""
+
+    def __init__(self, problem: Problem, anchor: Mapping[int, int], clock: Clock) -> None:
+        self.anchor, self.clock = anchor, clock
+        self.f = problem.n_forward
+        self.starts, self.ends = np.asarray(clock.starts), np.asarray(clock.ends)
+        self.issue = np.zeros(0, dtype=np.int64)  # out: the batches' issue steps, ascending
+        self.seconds = np.zeros(0)  # out: each batch's seconds
+        self.ends_at = np.zeros(0, dtype=np.int64)  # out: the step each batch ends at
+        self.members: dict[int, list[int]] = {}  # out: issue step -> its batch's values
+        self.order: list[tuple[int, int]] = []  # back: (-anchor, -value), ascending
+        self.back: list[tuple[int, float]] = []  # back: each one's issue step and begin, in that order
+
+    def add(self, v: int) -> bool:
+        """Whether ``v``'s copies hide beside those accepted; if so, ``v`` is accepted."""
+        out = self._out_with(v)
+        back = self._back_with(v) if out is not None else None
+        if out is None or back is None:
+            return False
+        self.issue, self.seconds, self.ends_at = out
+        self.members.setdefault(self.clock.out_from(v), []).append(v)
+        k, moved = back
+        self.order.insert(k, (-self.anchor[v], -v))
+        self.back[k:k + len(moved) - 1] = moved
+        return True
+
+    def _out_with(self, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The out engine's arrays with ``v`` added, or None where a batch would end after
+        the forward."""
+        a = self.clock.out_from(v)
+        j = int(np.searchsorted(self.issue, a))
+        if j == len(self.issue) or self.issue[j] != a:
+            issue, seconds = np.insert(self.issue, j, a), np.insert(self.seconds, j, 0.0)
+        else:
+            issue, seconds = self.issue, self.seconds.copy()
+        seconds[j] += self.clock.seconds(v)
+        running = np.cumsum(seconds)
+        done = running + np.maximum.accumulate(self.starts[issue] - (running - seconds))
+        ends_at = np.maximum(issue, np.searchsorted(self.ends, done * (1 - 1e-12)))
+        return (issue, seconds, ends_at) if int(ends_at[-1]) < self.f else None  # ends_at ascends
+
+    def _back_with(self, v: int) -> tuple[int, list[tuple[int, float]]] | None:
+        """Where ``v`` goes in the back order, and the ``(issue step, begin)`` of each copy
+        from it on up to the first that stays put; None where a copy would be issued
+        before the backward."""
+        starts = self.clock.starts
+        k = bisect.bisect_left(self.order, (-self.anchor[v], -v))
+        after = self.back[k - 1] if k else (len(starts), math.inf)  # the next copy's
+        out: list[tuple[int, float]] = []
+        for i, u in enumerate([v, *(-w for _, w in self.order[k:])]):
+            begin = min(starts[self.anchor[u]], after[1]) - self.clock.seconds(u)
+            y = min(bisect.bisect_right(starts, begin * (1 + 1e-12)) - 1, self.anchor[u] - 1, after[0] - 1)
+            if y < self.f:
+                return None
+            out.append((y, begin))
+            if i and out[-1] == self.back[k + i - 1]:
+                break  # this one, and so every one issued before it, stays put
+            after = out[-1]
+        return k, out
+
+    def windows(self) -> dict[int, tuple[int, int]]:
+        """Each accepted value's ``(offload_at, reload_at)``."""
+        out = {v: int(x) for a, x in zip(self.issue, self.ends_at, strict=True) for v in self.members[int(a)]}
+        return {-w: (out[-w], y) for (_, w), (y, _) in zip(self.order, self.back, strict=True)}

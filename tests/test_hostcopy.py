@@ -4,6 +4,11 @@ with their boundaries offloaded, and the emitted copies against eager."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
+import random
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -58,12 +63,16 @@ def test_saved_values_move_to_the_host_where_their_copies_hide() -> None:
     assert check(p, plan) == report
 
 
-def test_a_copy_out_is_made_only_where_it_ends_by_its_due_step() -> None:
-    p = linked(chain_problem([10] * 6, [1.0] * 6), 10.0)
+def test_only_the_values_given_are_tried_in_their_order() -> None:
+    # At 5 B/s a copy takes two steps. f0's copy out runs over steps 3-4 and f1's over
+    # 5-6; f2's, from step 5, would end with step 7, after the forward: by default (f0
+    # first) f2 stays. Tried first, f2's copy takes steps 5-6, f1's no longer fits, f0's does.
+    p = linked(chain_problem([10] * 6, [1.0] * 6), 5.0)
     saved = save_all(p)
     assert saved.plan is not None
-    assert 1 in offload_hidden(p, saved.plan, due={1: 3})[0].of(OFF)  # f0's copy ends with step 3
-    assert 1 not in offload_hidden(p, saved.plan, due={1: 2})[0].of(OFF)
+    assert offload_hidden(p, saved.plan)[0].of(OFF) == (1, 2)
+    assert offload_hidden(p, saved.plan, order=[3])[0].of(OFF) == (3,)
+    assert offload_hidden(p, saved.plan, order=[4, 3, 2, 1])[0].of(OFF) == (1, 3)
 
 
 def test_copies_that_cannot_hide_leave_the_plan_as_it_is() -> None:
@@ -72,6 +81,49 @@ def test_copies_that_cannot_hide_leave_the_plan_as_it_is() -> None:
     assert saved.plan is not None
     plan, _ = offload_hidden(p, saved.plan)
     assert plan is saved.plan
+
+
+def test_every_value_whose_copies_hide_moves_not_a_first_few() -> None:
+    # 700 values, each copy one step long: every one but the last two hides (as above).
+    p = linked(chain_problem([10] * 700, [1.0] * 700), 10.0)
+    saved = save_all(p)
+    assert saved.plan is not None
+    plan, report = offload_hidden(p, saved.plan)
+    assert len(plan.of(OFF)) == 698 and report.added_time == 0.0
+
+
+def replayed(problem: Problem, plan: Plan) -> set[int]:
+    """The values :func:`offload_hidden` moves, by its module docstring's rules, replaying
+    every accepted copy again for each value tried (what it does incrementally)."""
+    f = problem.n_forward
+    ends = list(itertools.accumulate(n.time for n in problem.nodes))
+    starts = [e - n.time for e, n in zip(ends, problem.nodes, strict=True)]
+    first = {s.node: s.before for s in reversed(plan.schedule)}
+    anchor = {v: min([*problem.backward_uses[v], *(first[u] for u in problem.forward_users[v]
+                                                   if plan.decisions.get(u) is Decision.RECOMPUTE)])
+              for v in plan.of(S)}
+
+    def hides(values: list[int]) -> bool:
+        free = 0.0
+        for a, batch in itertools.groupby(sorted(values, key=problem.copy_out_from), key=problem.copy_out_from):
+            free = max(free, starts[a]) + sum(problem.transfer_time(v) for v in batch)
+            if max(a, bisect.bisect_left(ends, free * (1 - 1e-12))) >= f:
+                return False
+        after, issued = math.inf, len(starts)  # the next copy's begin and issue step
+        for v in sorted(values, key=lambda v: (-anchor[v], -v)):
+            after = min(starts[anchor[v]], after) - problem.transfer_time(v)
+            issued = min(bisect.bisect_right(starts, after * (1 + 1e-12)) - 1, anchor[v] - 1, issued - 1)
+            if issued < f:
+                return False
+        return True
+
+    pool = sorted((v for v in plan.of(S) if problem.nodes[v].offloadable and problem.nodes[v].size > 0
+                   and problem.copy_out_from(v) < f), key=lambda v: (-problem.nodes[v].size, v))
+    moved: list[int] = []
+    for v in pool:
+        if hides([*moved, v]):
+            moved.append(v)
+    return set(moved)
 
 
 @settings(max_examples=300, deadline=None)
@@ -84,6 +136,20 @@ def test_offloading_never_costs_time_or_memory(problem: Problem, every: int, ban
     assert check(p, plan) == report  # the checker accepts it, and this is its verdict
     assert report.added_time <= base.report.added_time * (1 + 1e-9)
     assert report.peak <= base.report.peak
+    assert plan is base.plan or set(plan.of(OFF)) == replayed(p, base.plan)
+
+
+@pytest.mark.parametrize("bandwidth", [3.0, 10.0, 40.0])
+def test_the_engines_accept_what_replaying_them_whole_accepts(bandwidth: float) -> None:
+    """On a 300-value chain of uneven sizes and times, where a value tried late moves
+    many copies back issued before it, the values moved are those of the whole replay."""
+    rng = random.Random(int(bandwidth))
+    p = linked(chain_problem([rng.choice([5, 10, 20, 40]) for _ in range(300)],
+                             [rng.uniform(0.2, 3.0) for _ in range(300)]), bandwidth)
+    saved = save_all(p)
+    assert saved.plan is not None
+    plan, _ = offload_hidden(p, saved.plan)
+    assert plan.of(OFF) and set(plan.of(OFF)) == replayed(p, saved.plan)
 
 
 def deep() -> Problem:
@@ -115,6 +181,17 @@ def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets() -> 
     assert chain.solve(alone.with_budget(budget), config).plan is None
     r = chain.solve(p.with_budget(budget), config, chain=built)
     assert r.plan is not None and r.report is not None and r.report.fits and r.report.n_offloaded
+
+
+def test_the_link_is_the_chain_levels_alone() -> None:
+    """No option offloads (every copy shares the one link, which only the chain level
+    sees), and what the link may carry for the spans from a segment on shrinks to nothing
+    at the forward's end."""
+    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2))
+    assert built is not None
+    assert not any(d is OFF for opts in built.options for o in opts for d in o.decisions.values())
+    rooms = chain.link_rooms(built)
+    assert rooms[-1] == 0 and max(rooms) > 0
 
 
 def test_at_checkpointings_peak_offload_halves_what_recomputation_adds() -> None:
