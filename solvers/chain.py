@@ -54,8 +54,8 @@ its reference's (which ``T_R`` counts offloaded), and
 ``s``'s forward and the forward's end and before ``s``'s window (:func:`link_rooms`): the
 copies of the last segments have little compute left to hide under. Options never
 offload: every copy shares the one link, which only this level sees. CP-SAT solves the
-model over one-segment spans first (within 0.1% of its optimum in 5 s on a 405B step), then over all
-spans from that plan; the composed plan goes to the checker, which stays the judge.
+model over one-segment spans first, a much smaller model, then over all spans from that
+plan; the composed plan goes to the checker, which stays the judge.
 Where the changes do not add up exactly (windows that interleave, copies queued on the
 engine) and the checker finds the plan over budget, the chain model is solved again with
 the budget lowered by the excess, then twice it, and so on.
@@ -734,10 +734,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     stats: dict[str, float | int | str] = {"segments": len(chain.segments), "distinct": chain.distinct,
                                            "options": sum(len(o) for o in chain.options)}
     best: tuple[Plan, Report, list[tuple[int, int]]] | None = None
-    reserve = 0.0 if config.deterministic else chain.judge_s * (2 if problem.host_bandwidth > 0 else 1)
-    # One-segment spans first: a smaller model, solved in seconds on a 405B step, whose
-    # windows do not interleave, so that it counts what the checker counts. Its plan then
-    # starts the search over all spans, which has the rest of the time.
+    reserve = 0.0 if config.deterministic else chain.judge_s
+    # One-segment spans first: a much smaller model, whose windows do not interleave, so
+    # that it counts what the checker counts. Its plan then starts the search over all
+    # spans, which has the rest of the time.
     start = [(i, 0) for i in chain.singles()]  # R: in the model, the least it keeps
     caps: dict[tuple[int, int], int] = {}  # hosts_at_most, learnt from composed plans
     solves = 0

@@ -641,8 +641,11 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     share = 0.0 if config.deterministic else config.time_limit * LATE_GREEDY_SHARE
     left = replace(config, time_limit=max(0.1, chain._rest(config, t0) - share))
     found.append(chain.solve(problem, left, chain=built))
+    # it checks the clock between checker replays: stopped one replay early (about what
+    # the chain model's last plan took to judge), it ends within the limit
+    judged = built.judge_s if built is not None else 0.0
     found.append(greedy(problem, SolverConfig(
-        time_limit=math.inf if config.deterministic else chain._rest(config, t0))))
+        time_limit=math.inf if config.deterministic else max(0.0, chain._rest(config, t0) - judged))))
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
         low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
