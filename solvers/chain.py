@@ -593,8 +593,9 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
     with ``singles``, one-segment spans only; ``hint``: pairs to start the search from;
     ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
-    that option offloaded beyond R). Returns the ``(span, option)`` pairs, the model's bound (seconds, or bytes for the
-    peak) and whether it is proven optimal; None where the chain model has no solution."""
+    that option offloaded beyond R). Returns the ``(span, option)`` pairs, the model's
+    bound (seconds, or bytes for the peak) and whether it is proven optimal; None where
+    the chain model has no solution."""
     t0 = time.perf_counter()
     p = chain.problem
     unit = p.scale.bytes_per_unit
@@ -663,8 +664,9 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     later: cp_model.LinearExprT = 0
     for s, room in reversed(list(enumerate(link_rooms(chain)))):
         if hosted_from[s]:
-            later = later + sum(hosted_from[s])
-            m.add(later <= room // unit)
+            total = m.new_int_var(0, room // unit, f"L{s}")  # a variable, as S[s] is
+            m.add(total == later + sum(hosted_from[s]))
+            later = total
     if minimize_peak:
         m.minimize(peak)
     else:
