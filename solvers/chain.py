@@ -103,7 +103,7 @@ from solvers.sat import make_solver
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
 SPAN = 4  # segments, at most, planned as one (two layers of a transformer)
 OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
-TIGHTEN = 4  # chain solves at most, each with the budget lowered by the last one's excess
+TIGHTEN = 4  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
 
@@ -450,6 +450,12 @@ class Chain:
         """:func:`owners`, computed once per chain (every solve and prediction reads it)."""
         return tuple(owners(self))
 
+    @functools.cached_property
+    def rooms(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """:func:`host_room` of each span and :func:`link_rooms`, computed once per chain
+        (every chain solve reads them)."""
+        return tuple(host_room(self, i) for i in range(len(self.spans))), tuple(link_rooms(self))
+
     def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
         """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
         return compose(self.problem, [self.cuts[i] for i, _ in choice],
@@ -646,7 +652,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
             more = [min(max(0, o.hostable - chain.options[i][0].hostable), caps.get((i, k), top * unit)) // unit
                     for k, o in enumerate(chain.options[i])]
             most = sum(h * v for h, v in zip(more, x[i], strict=True))
-            room = host_room(chain, i) // unit
+            room = chain.rooms[0][i] // unit
             if room > 0 and any(more):
                 hosted = m.new_int_var(0, room, f"H{i}")
                 m.add(hosted <= most)
@@ -662,7 +668,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     # forward's, and comes back before its window begins: for the last segments, less
     # than their own rooms add up to.
     later: cp_model.LinearExprT = 0
-    for s, room in reversed(list(enumerate(link_rooms(chain)))):
+    for s, room in reversed(list(enumerate(chain.rooms[1]))):
         if hosted_from[s]:
             total = m.new_int_var(0, room // unit, f"L{s}")  # a variable, as S[s] is
             m.add(total == later + sum(hosted_from[s]))

@@ -163,7 +163,8 @@ class _Engines:
         k = bisect.bisect_left(self.order, (-self.anchor[v], -v))
         after = self.back[k - 1] if k else (len(starts), math.inf)  # the next copy's
         out: list[tuple[int, float]] = []
-        for i, u in enumerate([v, *(-w for _, w in self.order[k:])]):
+        for i in range(len(self.order) - k + 1):  # v, then those issued before it, nearest first
+            u = v if i == 0 else -self.order[k + i - 1][1]
             begin = min(starts[self.anchor[u]], after[1]) - self.clock.seconds(u)
             y = min(bisect.bisect_right(starts, begin * (1 + 1e-12)) - 1, self.anchor[u] - 1, after[0] - 1)
             if y < self.f:
