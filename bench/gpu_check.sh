@@ -8,10 +8,11 @@
 #
 # PARTS: gpt2_sdpa gpt_test gpt_dropout llama_offload tests (by default), and wholestep (the
 # whole step's memory, bench/wholestep.py --device cuda), auto and auto_bf16 (bench/gpu_auto.py,
-# fp32 and bf16 autocast) when named.
+# fp32 and bf16 autocast) and llama_stack (eight Llama-2-7B layers at checkpointing's peak,
+# offload against recompute-only, with the host link's measured bandwidth) when named.
 # WHEELS (default .whl) holds wheels of what the machine lacks (ortools, immutabledict,
 # protobuf); they are installed into a scratch folder put first on PYTHONPATH. Each part
-# has its own time limit, so the whole run ends within 8 minutes.
+# has its own time limit, so the default parts end within 10 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash bench/gpu_check.sh OUT [WHEELS [PART...]]}
@@ -49,8 +50,9 @@ part gpt2_sdpa 150 python3 -m bench.gpu_check "$out" --model gpt2_sdpa --deadlin
 part gpt_test 100 python3 -m bench.gpu_check "$out" --model gpt_test --deadline 65
 part gpt_dropout 60 python3 -m bench.gpu_check "$out" --model gpt_dropout --deadline 35
 part llama_offload 80 python3 -m bench.gpu_check "$out" --model llama_offload --deadline 45
+part llama_stack 420 python3 -m bench.gpu_check "$out" --model llama_stack --deadline 300 --time-limit 15
 part wholestep 300 python3 -m bench.wholestep --device cuda --out "$out/wholestep-cuda.md"
 part auto 240 python3 -m bench.gpu_auto "$out"
 part auto_bf16 240 python3 -m bench.gpu_auto "$out" --precision bf16-mixed
-part tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not harness"
+part tests 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not harness"
 echo "== done in $((SECONDS - start)) s"

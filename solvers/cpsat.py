@@ -163,6 +163,9 @@ PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when 
 CHAIN_ONLY_CANDIDATES = 1000
 LATE_GREEDY_SHARE = 0.05  # of the time limit, kept for the greedy after the chain model's plan there
 KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
+# With a host link, of the time limit for the flat search without it, whose plan starts
+# the search with it (:func:`recompute_only`)
+RECOMPUTE_FIRST_SHARE = 0.5
 CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) that may seed it instead
 # Candidates from which a problem's chain model runs: below, the flat model finds the
 # optimum or near it within seconds (the 6-layer GPT-2's 200), above it stalls on its start
@@ -694,16 +697,17 @@ def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
     (it stops after about two replays per candidate)."""
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     start = greedy(problem, SolverConfig(time_limit=share))
-    fitting = [r for r in [start, *known_plans(problem, config)] if r.plan is not None]
+    local, least, work = recompute_only(problem, config)
+    fitting = [r for r in [start, *local, *known_plans(problem, config)] if r.plan is not None]
     if fitting:
-        return min(fitting, key=lambda r: r.objective).plan, 0.0
+        return min(fitting, key=lambda r: r.objective).plan, work
     if problem.budget is None:
-        return start.plan, 0.0
+        return start.plan, work
     t0 = time.perf_counter()
     capacity = problem.scale.capacity(problem.budget)
     model, solver, code = peak_search(problem, replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE),
-                                      stop=StopAtMost(capacity))
-    work = solver.deterministic_time
+                                      stop=StopAtMost(capacity), start=least)
+    work += solver.deterministic_time
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, work
     plan = extract_plan(model, solver)
@@ -714,6 +718,29 @@ def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
              "first plan within budget" if fits else "least-peak plan found (over budget)",
              time.perf_counter() - t0)
     return plan, work
+
+
+def recompute_only(problem: Problem, config: SolverConfig) -> tuple[list[SolveResult], Plan | None, float]:
+    """Where ``problem`` has a host link: the flat search's plan without it, given
+    ``RECOMPUTE_FIRST_SHARE`` of the time limit. Moving nothing, that plan is one here
+    too, so a search it starts never ends dearer than recompute-only's; the offload
+    model, with its copy windows, is larger and may not reach that plan on its own in the
+    time. Returns ([the plan judged against ``problem``] or [], the least-peak plan the
+    search found where no plan fits the budget (else None), the deterministic seconds
+    counted for it under ``config.deterministic``, else 0)."""
+    if problem.host_bandwidth <= 0 or problem.single_phase:
+        return [], None, 0.0
+    local = replace(config, time_limit=config.time_limit * RECOMPUTE_FIRST_SHARE)
+    work = local.time_limit if config.deterministic else 0.0
+    try:
+        found = solve(replace(problem, host_bandwidth=0.0), local)
+    except InfeasibleBudgetError as e:
+        return [], e.plan, work
+    if found.plan is None:
+        return [], None, work
+    report = check(problem, found.plan)
+    return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time,
+                    bound=0.0, solver="recompute-only")], None, work
 
 
 def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
@@ -800,10 +827,13 @@ def forget_stated() -> None:
     _STATED.clear()
 
 
-def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None
-                ) -> tuple[Model, cp_model.CpSolver, cp_model.CpSolverStatus]:
-    """Minimize the peak (any added time), with no gap limit (:func:`make_peak_solver`)."""
+def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None,
+                start: Plan | None = None) -> tuple[Model, cp_model.CpSolver, cp_model.CpSolverStatus]:
+    """Minimize the peak (any added time), with no gap limit (:func:`make_peak_solver`),
+    hinted with ``start`` where given."""
     model = build(problem.with_budget(None), minimize_peak=True)
+    if start is not None:
+        hint(model, start)
     solver = make_peak_solver(config)
     code = solver.solve(model.cp, stop) if stop is not None else solver.solve(model.cp)
     return model, solver, code
@@ -872,14 +902,32 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -
     if len(problem.candidates) >= CHAIN_ONLY_CANDIDATES:  # the flat search would find less
         known = least_known_peaks(problem, config)
     else:
-        model, solver, code = peak_search(problem, config)
+        # With a host link, the least peak without it first (a plan here too, though not
+        # proven least: offload may go lower), to start the larger model's search.
+        local = least_peak_unlinked(problem, config)
+        rest = replace(config, time_limit=config.time_limit * (1 - RECOMPUTE_FIRST_SHARE)) if local else config
+        model, solver, code = peak_search(problem, rest, start=local[0].plan if local else None)
         found = min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
                                 name="cpsat-min-peak", stats=solve_stats(model, solver, code))
         if found.status is Status.OPTIMAL:
             return found
-        known = [found, *least_known_peaks(problem, config)]
+        known = [found, *local, *least_known_peaks(problem, config)]
     best = min((r for r in known if r.report is not None), key=lambda r: r.report.peak)  # type: ignore[union-attr]
     return replace(best, wall_time=time.perf_counter() - t0)
+
+
+def least_peak_unlinked(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+    """Where ``problem`` has a host link: the least-peak plan without it, searched for with
+    ``RECOMPUTE_FIRST_SHARE`` of the time limit and judged against ``problem`` (status
+    FEASIBLE: least without offload, not proven least with it); else none."""
+    if problem.host_bandwidth <= 0 or problem.single_phase:
+        return []
+    found = min_feasible_peak(replace(problem, host_bandwidth=0.0),
+                              replace(config, time_limit=config.time_limit * RECOMPUTE_FIRST_SHARE))
+    if found.plan is None:
+        return []
+    report = check(problem, found.plan)
+    return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time)]
 
 
 def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_model.Chain | None = None
