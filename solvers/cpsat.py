@@ -684,17 +684,19 @@ def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpS
 
 def seed(problem: Problem, config: SolverConfig) -> Plan | None:
     """A plan to start the search from: the cheapest within budget of the greedy's (given
-    ``SEED_SHARE`` of the time) and :func:`known_plans`; else the minimum-peak model's
-    first plan within budget (``PEAK_SEED_SHARE``), or the least-peak plan it found; or
-    None. Raises :class:`InfeasibleBudgetError` when that search proves the least peak
-    over the budget. See docs/solvers.md, "solvers.solve"."""
+    ``SEED_SHARE`` of the time), :func:`known_plans` and, with a host link, the plan found
+    without it (:func:`recompute_only`); else the minimum-peak model's first plan within
+    budget (``PEAK_SEED_SHARE``), or the least-peak plan it found; or None. Raises
+    :class:`InfeasibleBudgetError` when that search proves the least peak over the budget.
+    See docs/solvers.md, "solvers.solve"."""
     return seeded(problem, config)[0]
 
 
 def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
-    """:func:`seed`'s plan and the deterministic seconds its minimum-peak search ran (0
-    when a known plan fits). Under ``config.deterministic`` the greedy has no time limit
-    (it stops after about two replays per candidate)."""
+    """:func:`seed`'s plan and the deterministic seconds counted for its searches: the
+    recompute-only one's share and what the minimum-peak search ran (0 where neither ran).
+    Under ``config.deterministic`` the greedy has no time limit (it stops after about two
+    replays per candidate)."""
     share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
     start = greedy(problem, SolverConfig(time_limit=share))
     local, least, work = recompute_only(problem, config)
