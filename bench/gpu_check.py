@@ -14,7 +14,8 @@ note holds the host link's measured bandwidth (the device profile assumes 50 GB/
 way), and each rematc row the added time its plan was predicted to cost.
 ``gpt_dropout`` is the test GPT with dropout, planned with eager's generator (as the GPU
 tests compare gradients) and with Inductor's. A rematc row measured more than 2% off its
-prediction is followed by what each side holds at its peak.
+prediction is followed by what each side holds at its peak, and a row rematc warned about
+(a walk of the generated code that failed, say) by the warnings.
 Peaks are ``torch.cuda.max_memory_allocated`` above the pre-step live set (gradients set to
 None before each step); step times are medians of rounds that alternate the
 configurations. Each model appends its rows to ``OUT/gpu.csv`` and writes
@@ -51,7 +52,7 @@ from solvers import Decision
 COLUMNS = ("model", "config", "budget_bytes", "predicted_bytes", "generated_bytes", "measured_bytes",
            "measured_vs_predicted", "measured_vs_budget", "within_budget", "step_ms", "vs_compile",
            "vs_ckpt", "recomputed", "offloaded", "offloaded_bytes", "predicted_added_ms", "added_ms",
-           "squeezed_bytes", "undonated_bytes", "generated_at", "diagnosis", "error")
+           "squeezed_bytes", "undonated_bytes", "generated_at", "diagnosis", "warnings", "error")
 
 # Fractions of rematc's everything-saved peak; each binds (below the peak of the plan without
 # a budget) on both GPT models.
@@ -228,6 +229,8 @@ def write(out_dir: Path, model_name: str, table: list[dict[str, Any]], note: str
     for v in table:
         if v.get("diagnosis"):
             lines += ["", f"{v['config']}: {v['diagnosis']}"]
+        if v.get("warnings"):
+            lines += ["", f"{v['config']} warned: {' '.join(str(v['warnings']).split())}"]
     (out_dir / f"{model_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
@@ -320,10 +323,13 @@ def main(argv: list[str] | None = None) -> int:
             budget = (measured["ckpt_every"] + measured["compile_default"]) // 2
         try:
             eager_rng = torch._inductor.config.patch(fallback_random=config.endswith("eager_rng"))
-            with warnings.catch_warnings(), eager_rng:
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught, eager_rng:
+                warnings.simplefilter("always")
                 row = build(args.model, config, budget, small=args.small, device=args.device, batch=args.batch,
                             time_limit=args.time_limit, host_bandwidth=bandwidth)
+            said = {f"{w.category.__name__}: {w.message}" for w in caught if w.category.__module__.startswith("rematc")}
+            if said:  # rematc's own warnings (a walk of the generated code that failed, say)
+                row.values["warnings"] = " / ".join(sorted(said))[:600]
             rows.append(row)
         except Exception as e:  # one row's failure is a result, not the end of the run
             errors.append({"model": args.model, "config": config, "error": f"{type(e).__name__}: {e}"[:300]})
