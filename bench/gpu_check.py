@@ -9,7 +9,8 @@ per-block checkpointing, rematc at three fractions of its everything-saved peak,
 at checkpointing's measured peak. ``llama_offload`` is a Llama-2-7B-shaped stack of two
 layers at sequence 4096 in bf16, planned halfway between the default compile's measured
 peak and checkpointing's, with offload allowed and without. ``llama_stack`` is eight such
-layers, planned at checkpointing's measured peak with offload allowed and without; its
+layers (``--batch``), planned at checkpointing's measured peak and at 0.95 and 0.8 of it,
+with offload allowed and without (``--only`` picks rows); its
 note holds the host link's measured bandwidth (the device profile assumes 50 GB/s each
 way), and each rematc row the added time its plan was predicted to cost.
 ``gpt_dropout`` is the test GPT with dropout, planned with eager's generator (as the GPU
