@@ -243,6 +243,7 @@ def host_link(device: str, size: int = 2**30, repeats: int = 5) -> str:
     if not device.startswith("cuda"):
         return "(no host link on the CPU)"
     src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty(size, dtype=torch.uint8, device=device)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     back = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     out_stream, in_stream = torch.cuda.Stream(), torch.cuda.Stream()
@@ -261,10 +262,10 @@ def host_link(device: str, size: int = 2**30, repeats: int = 5) -> str:
         with torch.cuda.stream(out_stream):
             host.copy_(src, non_blocking=True)
         with torch.cuda.stream(in_stream):
-            src.copy_(back, non_blocking=True)
+            dst.copy_(back, non_blocking=True)
 
     to_host = timed(lambda: host.copy_(src, non_blocking=True))
-    to_device = timed(lambda: src.copy_(back, non_blocking=True))
+    to_device = timed(lambda: dst.copy_(back, non_blocking=True))
     each = timed(both)
     return f"{to_host:.1f} GB/s to host, {to_device:.1f} GB/s to the device, {each:.1f} GB/s each way at once"
 
