@@ -84,7 +84,6 @@ import contextlib
 import contextvars
 import functools
 import hashlib
-import itertools
 import math
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -94,7 +93,7 @@ from ortools.sat.python import cp_model
 
 from solvers.baselines import free_plan, plan_with, segment_boundaries
 from solvers.checker import Report, check
-from solvers.hostcopy import offload_hidden
+from solvers.hostcopy import Clock, offload_hidden
 from solvers.plan import Decision, Plan, PlanError, plan_from_decisions
 from solvers.problem import Copy, Node, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
@@ -720,7 +719,7 @@ def link_rooms(chain: Chain) -> list[int]:
     out by the forward's end, and every copy back by its window's start, needs no more."""
     p = chain.problem
     f = p.n_forward
-    ends = list(itertools.accumulate(n.time for n in p.nodes))
+    ends = Clock(p).ends  # the steps' own compute, on the clock the copies run on
     rooms = []
     for s, seg in enumerate(chain.segments):
         after = ends[f - 1] - ends[seg.forward[1]]
