@@ -16,10 +16,13 @@ the multi-level plan's alone (:mod:`solvers.multilevel`), and the cheapest basel
 fits. The traced problems have the H100 profile's 50 GB/s host link, so rematc may
 offload. With ``--offload-model``, that model at and below checkpointing's peak
 without the link (recomputation alone) against with it (recomputation and offload).
+With ``--bounds``, only what no plan can beat at those fractions of checkpointing's peak,
+with the link and without it (:mod:`solvers.bound`; seconds per model).
 
     python -m bench.scale --models llama2-7b --cache DIR
     python -m bench.scale --models llama2-7b llama2-70b llama3-405b llama3-405b-128k \\
         --offload-model llama2-70b --cache DIR --out docs/scale.md
+    python -m bench.scale --bounds --models llama2-7b llama2-70b llama3-405b --cache DIR
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from solvers import (
     Problem,
     SolverConfig,
     SolveResult,
+    bound,
     chain,
     cpsat,
     multilevel,
@@ -178,6 +182,31 @@ def run_model(key: str, args: argparse.Namespace, out: list[str]) -> None:
     out.append("")
 
 
+def run_bounds(key: str, args: argparse.Namespace, out: list[str]) -> None:
+    """What no plan beats at fractions of checkpointing every segment's peak: the step
+    relaxation (:mod:`solvers.bound`) without the host link and with it."""
+    problem = grads_in_place(traced(key, args.cache)[0])
+    every = checkpoint_every(problem).report
+    assert every is not None
+    out += [f"### {key}: lower bounds", "",
+            f"Checkpointing every segment: {every.peak / MIB:,.0f} MiB, {ms(every.added_time)} ms.", "",
+            "| budget | MiB | recompute only: bound ms | x checkpointing's | with offload: bound ms "
+            "| x checkpointing's | step | s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in args.of_checkpointing:
+        budget = int(every.peak * f)
+        row = [f"{f:g} x checkpoint-every-1", f"{budget / MIB:,.0f}"]
+        t0 = time.perf_counter()
+        for bandwidth in (0.0, HOST_LINK):
+            found = bound.lower_bound(Problem(nodes=problem.nodes, budget=budget, host_bandwidth=bandwidth,
+                                              name=problem.name))
+            row += [ms(found.seconds), f"{found.seconds / every.added_time:.3f}"]
+        row += [str(found.step), f"{time.perf_counter() - t0:.1f}"]
+        out.append("| " + " | ".join(row) + " |")
+        print(out[-1], file=sys.stderr, flush=True)
+    out.append("")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["llama2-7b"])
@@ -185,6 +214,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per plan (rematc's default)")
     parser.add_argument("--cache", type=Path, help="folder for the traced problems (reused when there)")
     parser.add_argument("--out", type=Path, help="write the tables here (markdown)")
+    parser.add_argument("--bounds", action="store_true",
+                        help="only the lower bounds below checkpointing's peak (seconds per model)")
     parser.add_argument("--fractions", nargs="*", type=float, default=list(FRACTIONS),
                         help="budgets as fractions of saving everything's peak")
     parser.add_argument("--of-checkpointing", nargs="*", type=float, default=list(OF_CHECKPOINTING),
@@ -192,7 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     out = [f"Machine: {os.cpu_count()} cores; time limit {args.time_limit:g} s per plan.", ""]
     for key in args.models:
-        run_model(key, args, out)
+        (run_bounds if args.bounds else run_model)(key, args, out)
     text = "\n".join(out)
     print(text)
     if args.out:

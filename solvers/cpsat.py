@@ -162,6 +162,7 @@ PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when 
 # (docs/solvers.md, the chain model).
 CHAIN_ONLY_CANDIDATES = 1000
 LATE_GREEDY_SHARE = 0.05  # of the time limit, kept for the greedy after the chain model's plan there
+BOUND_SHARE = 0.05  # of the time limit, at most, for the step relaxation's bound there (solvers.bound)
 KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
 # With a host link, of the time limit for the flat search without it, whose plan starts
 # the search with it (:func:`recompute_only`)
@@ -627,16 +628,19 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     """On a problem of at least ``CHAIN_ONLY_CANDIDATES`` decisions, the cheapest plan that
     fits among the greedy's, checkpointing's, the multi-level one's and the chain model's,
     the chain model given what is left of the time limit; None on a smaller problem (the
-    flat search runs then). Status
-    FEASIBLE: no bound is proven (gap 100%). Where none fits, raises
+    flat search runs then). Status FEASIBLE, bounded by the step relaxation
+    (:mod:`solvers.bound`): none of these searches proves a bound. Where none fits, raises
     :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
     proven least: the flat search, which could prove it, does not finish at this size)."""
     two_phase(problem)
     if problem.budget is None or len(problem.candidates) < CHAIN_ONLY_CANDIDATES:
         return None
     t0 = time.perf_counter()
-    from solvers import chain
+    from solvers import bound, chain
 
+    # What no plan beats (the searches below prove no bound), in a share of the time.
+    relaxed = bound.lower_bound(problem, seconds=math.inf if config.deterministic else
+                                config.time_limit * BOUND_SHARE)
     built = chain.build_chain(problem, config)
     found = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
     # The greedy comes last, with what the chain model leaves of the time: at this size
@@ -659,8 +663,9 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
                         problem)
         fitting = [low]
     best = min(fitting, key=lambda r: r.objective)
-    return replace(best, status=Status.FEASIBLE, bound=0.0, wall_time=time.perf_counter() - t0,
-                   stats={**best.stats, "from": best.solver})
+    return replace(best, status=Status.FEASIBLE, bound=min(best.objective, relaxed.seconds),
+                   wall_time=time.perf_counter() - t0,
+                   stats={**best.stats, "from": best.solver, "bound_step": -1 if relaxed.step is None else relaxed.step})
 
 
 def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
@@ -888,6 +893,10 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
     if source == "seed":
         stats["from_seed"] = 1
     proven = source == "cpsat" and proven_optimal(code, solver, model.tie_break)
+    if not proven:  # the step relaxation may prove more than the search did
+        from solvers import bound as relaxation
+
+        bound = max(bound, relaxation.lower_bound(problem).seconds)
     return SolveResult(
         status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
         objective=report.added_time, bound=min(report.added_time, bound),
