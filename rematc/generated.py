@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from rematc._torch_compat import FakeTensorMode, inductor_extern_kernels, optimization_hint
 
-__all__ = ["CodePeak", "Generated", "GeneratedCodeWarning", "recording_peaks", "step_peak"]
+__all__ = ["CodePeak", "Generated", "GeneratedCodeWarning", "WalkError", "recording_peaks", "step_peak"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,10 @@ def step_peak(forward: Generated, backward: Generated, device: torch.device | st
     graphs' device: offload's host copies and other devices' buffers are not counted."""
     kind = torch.device(device).type
     with FakeTensorMode(allow_non_fake_inputs=True):
-        fw = _Walk(kind)
+        fw = _Walk(kind, "forward")
         outputs = fw.run(forward.source, _inputs(forward.graph, created=None))
         by_name = _saved_by_name(forward.graph, outputs, backward.graph)
-        bw = _Walk(kind, created=fw.created, host=fw.host)
+        bw = _Walk(kind, "backward", created=fw.created, host=fw.host)
         args = _inputs(backward.graph, created=bw.created, given=by_name)
         consumed = {id(v) for v in args}
         bw.kept = [v for v in outputs if id(v) not in consumed]  # the loss, held by the caller
@@ -167,9 +167,10 @@ class _Walk:
     """One generated ``call`` run on fake tensors, counting the bytes alive after each
     statement of storages created in the step on one device type."""
 
-    def __init__(self, kind: str, created: dict[int, Any] | None = None,
+    def __init__(self, kind: str, graph: str, created: dict[int, Any] | None = None,
                  host: set[int] | None = None) -> None:
         self.kind = kind
+        self.graph = graph  # "forward" or "backward", for errors
         # Storage address -> the storage, of those created in the step. Holding them keeps
         # their addresses from being reused by later fake allocations.
         self.created: dict[int, Any] = created if created is not None else {}
@@ -190,26 +191,37 @@ class _Walk:
 
     def _body(self, body: list[ast.stmt], source: str) -> Any:
         for stmt in body:
-            if isinstance(stmt, ast.Return):
-                value = self._eval(stmt.value) if stmt.value is not None else None
-                self.env["<return>"] = value
-                self._note(ast.get_source_segment(source, stmt) or "return")
-                return value
             if isinstance(stmt, ast.With):
                 result = self._body(stmt.body, source)
                 if "<return>" in self.env:
                     return result
                 continue
-            if isinstance(stmt, ast.Assign):
-                self._assign(stmt)
-            elif isinstance(stmt, ast.Delete):
-                for target in stmt.targets:
-                    if isinstance(target, ast.Name):
-                        self.env.pop(target.id, None)
-            else:
-                continue
-            self._note((ast.get_source_segment(source, stmt) or "").splitlines()[0][:160])
+            try:
+                returned, value = self._statement(stmt, source)
+            except Exception as e:  # name the statement, so that a failed walk can be followed up
+                line = (ast.get_source_segment(source, stmt) or "").splitlines()[0][:120]
+                raise WalkError(f"{self.graph}, line {stmt.lineno}: {line}: {type(e).__name__}: {e}") from e
+            if returned:
+                return value
         return None
+
+    def _statement(self, stmt: ast.stmt, source: str) -> tuple[bool, Any]:
+        """Run one statement other than a ``with``: (True, its value) where it returns."""
+        if isinstance(stmt, ast.Return):
+            value = self._eval(stmt.value) if stmt.value is not None else None
+            self.env["<return>"] = value
+            self._note(ast.get_source_segment(source, stmt) or "return")
+            return True, value
+        if isinstance(stmt, ast.Assign):
+            self._assign(stmt)
+        elif isinstance(stmt, ast.Delete):
+            for target in stmt.targets:
+                if isinstance(target, ast.Name):
+                    self.env.pop(target.id, None)
+        else:
+            return False, None
+        self._note((ast.get_source_segment(source, stmt) or "").splitlines()[0][:160])
+        return False, None
 
     def _assign(self, stmt: ast.Assign) -> None:
         if len(stmt.targets) != 1:
@@ -296,6 +308,10 @@ def _device_of(gm: fx.GraphModule) -> torch.device:
         if isinstance(val, torch.Tensor) and val.device.type not in ("cpu", "meta"):
             return val.device
     return torch.device("cpu")
+
+
+class WalkError(RuntimeError):
+    """A statement of the generated code the walk could not follow; names it."""
 
 
 class GeneratedCodeWarning(UserWarning):

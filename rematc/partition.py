@@ -354,7 +354,7 @@ class RematPartitioner(CustomPartitionerFn):
             raise e
         if budget.fraction is not None:
             if e.plan is None or e.min_feasible is None:
-                raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven,
+                raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven, at_least=e.at_least,
                                             where=f"{where}{budget}: ") from e
             least = problem.with_budget(e.min_feasible)
             report = check(least, e.plan)
@@ -374,7 +374,8 @@ class RematPartitioner(CustomPartitionerFn):
         if e.plan is not None:
             keep_in_hand(problem.with_budget(e.min_feasible), e.plan, self.options)
         if not held:
-            raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven, where=where) from e
+            raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven, at_least=e.at_least,
+                                        where=where) from e
         step = self.share.smallest_step_budget(graph, e.min_feasible, self.options)
         raise InfeasibleBudgetError(asked, step, proven=False,
                                     where=f"{where}with what the earlier graphs hold: ") from e

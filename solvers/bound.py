@@ -49,6 +49,8 @@ from solvers.problem import Copy, Problem
 
 STEPS = 6  # backward steps relaxed: those whose memory is most over the budget
 ENGINE_ROWS = 32  # rows for the copy engine to the host
+LEAST_BUDGET_PRECISION = 0.002  # of the budget searched below
+LEAST_BUDGET_STEPS = 3  # steps relaxed at each budget tried
 SAFETY = 1e-6  # the LP's optimum is reported this fraction low, for its tolerances
 
 
@@ -75,6 +77,24 @@ def lower_bound(problem: Problem, *, steps: int = STEPS, seconds: float = math.i
         if math.isinf(relaxed) or time.perf_counter() - t0 > seconds:
             break
     return best
+
+
+def least_budget(problem: Problem, below: int, *, seconds: float = math.inf) -> int:
+    """A budget no plan fits under (every plan's peak is at least it), at most ``below``:
+    the least at which every relaxation of :func:`lower_bound` has a solution, found by
+    bisection to ``LEAST_BUDGET_PRECISION`` of ``below`` while ``seconds`` last; what
+    every plan holds at some step where the time allows no relaxation."""
+    fixed = baseline(problem)
+    out = max(fixed, default=0)  # every plan holds this at some step
+    t0 = time.perf_counter()
+    hi = below  # lowest budget not shown to be infeasible
+    while hi - out > below * LEAST_BUDGET_PRECISION and time.perf_counter() - t0 < seconds:
+        mid = (out + hi) // 2
+        if math.isinf(lower_bound(problem.with_budget(mid), steps=LEAST_BUDGET_STEPS).seconds):
+            out = mid + 1
+        else:
+            hi = mid
+    return min(out, below)
 
 
 def pressing_steps(problem: Problem, fixed: list[int], count: int) -> list[int]:

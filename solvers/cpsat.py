@@ -659,8 +659,10 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
                   key=lambda r: r.report.peak)  # type: ignore[union-attr]
         assert low.report is not None and low.plan is not None
         if not low.report.fits:  # a least-peak plan may fit where the budgeted searches missed
-            raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan),
-                        problem)
+            at_least = bound.least_budget(problem, low.report.peak, seconds=math.inf if config.deterministic
+                                          else config.time_limit * BOUND_SHARE)
+            raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan,
+                                              at_least=at_least), problem)
         fitting = [low]
     best = min(fitting, key=lambda r: r.objective)
     return replace(best, status=Status.FEASIBLE, bound=min(best.objective, relaxed.seconds),
@@ -869,8 +871,16 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
     if code == cp_model.INFEASIBLE:
         assert problem.budget is not None
         peak = min_feasible_peak(problem, config)
-        raise state(InfeasibleBudgetError(problem.budget, peak.report.peak if peak.report else None,
-                                          proven=peak.status is Status.OPTIMAL, plan=peak.plan), problem)
+        proven = peak.status is Status.OPTIMAL
+        least = peak.report.peak if peak.report else None
+        if least is not None and not proven:  # what the step relaxation proves instead
+            from solvers import bound as relaxation
+
+            at_least: int | None = relaxation.least_budget(problem, least, seconds=config.time_limit * BOUND_SHARE)
+        else:
+            at_least = None
+        raise state(InfeasibleBudgetError(problem.budget, least, proven=proven, plan=peak.plan,
+                                          at_least=at_least), problem)
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
     bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)

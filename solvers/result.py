@@ -71,18 +71,22 @@ class InfeasibleBudgetError(ValueError):
     """No plan keeps the step's peak within the budget; says the smallest budget that works.
 
     ``plan``, when given, is a plan whose checked peak is ``min_feasible``: the figure is
-    one in hand, so asking for that budget can reuse the plan instead of searching again."""
+    one in hand, so asking for that budget can reuse the plan instead of searching again.
+    ``at_least``, when given for an unproven ``min_feasible``, is a budget no plan fits
+    under (:func:`solvers.bound.least_budget`): the true minimum lies between the two."""
 
     def __init__(self, budget: int, min_feasible: int | None, *, proven: bool = True,
-                 plan: Plan | None = None, where: str = "") -> None:
+                 plan: Plan | None = None, where: str = "", at_least: int | None = None) -> None:
         self.budget = budget
         self.min_feasible = min_feasible
-        self.proven = proven
+        self.proven = proven or (at_least is not None and min_feasible is not None and at_least >= min_feasible)
+        self.at_least = None if self.proven or min_feasible is None else at_least
         self.plan = plan if min_feasible is not None else None
         if min_feasible is None:
             hint = "no smaller budget could be determined in the time limit"
         else:
-            exact = "" if proven else " (best found; the true minimum may be lower)"
+            exact = ("" if self.proven else " (best found; the true minimum may be lower)" if self.at_least is None
+                     else f" (best found; no plan fits under {_mib(self.at_least)})")
             hint = f"the smallest feasible budget is {min_feasible} bytes ({_mib(min_feasible)}){exact}"
         # ``where``: what the budget was for, when not the whole problem (a graph of a step).
         super().__init__(f"{where}budget {budget} bytes ({_mib(budget)}) cannot be met: {hint}")

@@ -13,7 +13,7 @@ import torch.fx as fx
 
 import rematc
 import rematc.backend
-from rematc.generated import Generated, step_peak
+from rematc.generated import Generated, WalkError, step_peak
 from rematc.memory import profiler_peak
 from rematc.models import GPTConfig, make_gpt
 from tests.helpers import assert_same_step, run_step
@@ -87,6 +87,16 @@ def test_the_walk_counts_only_the_graphs_device() -> None:
     backward = _graph({"buf0": None, "buf4": None, "tangents_1": torch.empty(4096)}, [])
     on_cpu = step_peak(Generated(source, forward), Generated(BACKWARD, backward), "cpu")
     assert on_cpu.forward == 4 * 64 * 64 * 4  # buf0 is on the GPU
+
+
+def test_a_statement_the_walk_cannot_follow_is_named() -> None:
+    """A failed walk is reported with the graph, line and statement it stopped at (the
+    post-compile check's warning carries it), not the bare error."""
+    source = BACKWARD.replace("return (buf7, )", "return (buf7, unknown_name)")
+    forward = _graph({"primals_1": torch.empty(64, 64)}, ["view", "buf0", "buf4"])
+    backward = _graph({"buf0": None, "buf4": None, "tangents_1": torch.empty(4096)}, [])
+    with pytest.raises(WalkError, match=r"^backward, line 11: return \(buf7, unknown_name\): NameError"):
+        step_peak(Generated(FORWARD, forward), Generated(source, backward), "cpu")
 
 
 def _compiled_step(budget: float | None, **inductor: object) -> tuple[rematc.PartitionRecord, list[rematc.PartitionRecord], int]:

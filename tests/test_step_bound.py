@@ -10,9 +10,9 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from solvers import Problem, SolverConfig, check, cpsat, multilevel
+from solvers import InfeasibleBudgetError, Problem, SolverConfig, check, cpsat, multilevel
 from solvers.baselines import checkpoint_every
-from solvers.bound import lower_bound, pressing_steps, step_bound
+from solvers.bound import least_budget, lower_bound, pressing_steps, step_bound
 from tests.test_cpsat import (
     HAND,
     HAND_OUTCOMES,
@@ -34,6 +34,8 @@ def every_step(problem: Problem) -> float:
 
 def assert_bounds_brute_force(problem: Problem) -> None:
     outcomes = brute_force(problem)
+    least = min(o.peak for o in outcomes)
+    assert least_budget(problem, least) <= least  # no plan fits under it
     for budget in interesting_budgets(outcomes):
         q = problem.with_budget(budget)
         best = cheapest(outcomes, budget)
@@ -124,3 +126,28 @@ def test_the_planner_reports_the_relaxation_as_its_bound_at_scale(monkeypatch: p
     assert 0.0 < result.bound <= result.objective
     assert result.bound == pytest.approx(lower_bound(q).seconds, rel=REL)
     assert result.gap < 1.0
+
+
+def test_the_least_budget_can_be_the_least_peak() -> None:
+    """On the diamond, what every plan holds at some step is 13 B; the relaxation shows
+    no plan fits under 17 B, which is the least peak."""
+    p = HAND["diamond"]
+    least = min(o.peak for o in HAND_OUTCOMES["diamond"])
+    assert max(cpsat.baseline(p)) == 13
+    assert least_budget(p, 21) == least == 17
+
+
+def test_an_unproven_least_budget_states_what_no_plan_fits_under(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the chain route, which proves no least peak, the error states the least found
+    and the budget the relaxation shows no plan fits under."""
+    monkeypatch.setattr(cpsat, "CHAIN_ONLY_CANDIDATES", 1)
+    cpsat.forget_stated()
+    p = deep_gpt()
+    floor = max(cpsat.baseline(p))
+    with pytest.raises(InfeasibleBudgetError) as info:
+        cpsat.solve(p.with_budget(floor // 2), SolverConfig(time_limit=10.0, workers=2))
+    e = info.value
+    assert not e.proven and e.min_feasible is not None and e.at_least is not None
+    assert floor <= e.at_least < e.min_feasible
+    assert f"no plan fits under {e.at_least / 2**20:.2f} MiB" in str(e)
+    cpsat.forget_stated()
