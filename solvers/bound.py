@@ -1,5 +1,5 @@
 r"""A lower bound on the added time of any plan of a two-phase problem, from what the
-memory of single backward steps forces: a linear program per step.
+memory of single steps forces: a linear program per step.
 
 Notation: candidate :math:`v` (``Problem.candidates``) of :math:`s_v` bytes and
 :math:`t_v` seconds, budget :math:`B`, host link :math:`\beta` bytes/s each way,
@@ -26,13 +26,24 @@ The last rows are the copy engine to the host: a copy out starts at :math:`c_v`
 (``Problem.copy_out_from``) and ends within the forward, one at a time, and the compute
 waits for it only through the stalls, which are at most :math:`a - R` (copies do not
 overlap recomputations in the time model: :func:`solvers.checker.transfer_stalls`).
-:math:`T_{<j}` is the compute of the steps before :math:`j`. Each row holds for every
-plan within budget (:math:`\ell_v = 1` where the checker counts :math:`v` at :math:`k`,
-and so on), so each step's optimum bounds every plan, and so does the largest of them.
+:math:`T_{<j}` is the compute of the steps before :math:`j`. A candidate the op at
+:math:`k` reads is in memory there (:math:`o_v = 0`), unless that op writes over it
+(``Problem.taken_over``: then it is not counted at :math:`k`, and the rows of the
+recomputations that read it leave it out) or computes it itself (an unstored
+recomputation, then :math:`r_v`).
+
+At a forward step :math:`k`, :math:`N_k` is the candidates the backward reads whose
+forward life (``Problem.forward_end``) has ended: each is kept in memory, copied to the
+host by the end of step :math:`k - 1` (the engine's rows end there), or recomputed in the
+backward (no dependency rows: when is not known).
+
+Each row holds for every plan within budget (:math:`\ell_v = 1` where the checker counts
+:math:`v` at :math:`k`, and so on), multi-level plans included, so each step's optimum
+bounds every plan, and so does the largest of them.
 
 It leaves out when each recomputation runs, what it keeps in memory and the copies back,
 so it is loose where the budget is loose. Where it is tight it is strong: on a
-Llama-2-7B-shaped step at per-block checkpointing's peak, 58.1 ms without the link, where
+Llama-2-7B-shaped step at per-block checkpointing's peak, 60.8 ms without the link, where
 the flat CP-SAT model's bound after 60 s was 56.5 (docs/scale.md).
 """
 
@@ -47,7 +58,7 @@ from ortools.linear_solver import pywraplp
 from solvers.cpsat import baseline
 from solvers.problem import Copy, Problem
 
-STEPS = 6  # backward steps relaxed: those whose memory is most over the budget
+STEPS = 6  # steps relaxed: those whose memory is most over the budget
 ENGINE_ROWS = 32  # rows for the copy engine to the host
 LEAST_BUDGET_PRECISION = 0.002  # of the budget searched below
 LEAST_BUDGET_STEPS = 3  # steps relaxed at each budget tried
