@@ -102,7 +102,8 @@ from solvers.sat import make_solver
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
 SPAN = 4  # segments, at most, planned as one (two layers of a transformer)
 OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
-TIGHTEN = 4  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
+TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
+# (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
 
@@ -751,6 +752,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     solves = 0
     for singles in (True, False):
         target = budget
+        # The model and the checker disagree by an amount that changes with the plan, so
+        # between a target whose plan fitted and one whose plan did not, the next is halfway.
+        fitted: int | None = None  # the highest target whose plan fitted
+        over: int | None = None  # the lowest target whose plan did not
         for tries in range(TIGHTEN):
             left = _rest(config, t0) - reserve
             if left <= 0:
@@ -771,9 +776,15 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                     break
                 # The model counted more than the checker found (the link carried off more
                 # than the model's rooms): the budget it plans within is raised by the slack.
+                fitted = target if fitted is None else max(fitted, target)
                 target += budget - report.peak
+                if over is not None and fitted < over:
+                    if over - fitted <= budget * LOOSEN:
+                        break
+                    target = min(target, (fitted + over) // 2)
                 continue
             assert budget is not None and target is not None
+            over = target if over is None else min(over, target)
             # Where the link carried off less than the model counted, it counts no more for
             # those options; and the budget is lowered by the excess, then twice it, four
             # times...: where the model's peak is under the target already, lowering it by
@@ -784,6 +795,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 beyond = max(0, sum(carried[a:b]) - sum(chain.hosted[a:b]))
                 caps[(i, k)] = min(caps.get((i, k), beyond), beyond)
             target = max(0, target - (report.peak - budget) * 2**tries)
+            if fitted is not None and fitted < over:
+                if over - fitted <= budget * LOOSEN:
+                    break
+                target = max(target, (fitted + over) // 2)
     wall = time.perf_counter() - t0
     if best is None:
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf, bound=0.0,
