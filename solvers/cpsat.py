@@ -876,7 +876,8 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
         if least is not None and not proven:  # what the step relaxation proves instead
             from solvers import bound as relaxation
 
-            at_least: int | None = relaxation.least_budget(problem, least, seconds=config.time_limit * BOUND_SHARE)
+            at_least: int | None = relaxation.least_budget(problem, least, seconds=math.inf if config.deterministic
+                                                           else config.time_limit * BOUND_SHARE)
         else:
             at_least = None
         raise state(InfeasibleBudgetError(problem.budget, least, proven=proven, plan=peak.plan,
@@ -906,7 +907,8 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
     if not proven:  # the step relaxation may prove more than the search did
         from solvers import bound as relaxation
 
-        bound = max(bound, relaxation.lower_bound(problem).seconds)
+        bound = max(bound, relaxation.lower_bound(problem, seconds=math.inf if config.deterministic
+                                                  else config.time_limit * BOUND_SHARE).seconds)
     return SolveResult(
         status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
         objective=report.added_time, bound=min(report.added_time, bound),

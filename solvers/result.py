@@ -86,7 +86,7 @@ class InfeasibleBudgetError(ValueError):
             hint = "no smaller budget could be determined in the time limit"
         else:
             exact = ("" if self.proven else " (best found; the true minimum may be lower)" if self.at_least is None
-                     else f" (best found; no plan fits under {_mib(self.at_least)})")
+                     else f" (best found; no plan fits under {self.at_least} bytes ({_mib(self.at_least)}))")
             hint = f"the smallest feasible budget is {min_feasible} bytes ({_mib(min_feasible)}){exact}"
         # ``where``: what the budget was for, when not the whole problem (a graph of a step).
         super().__init__(f"{where}budget {budget} bytes ({_mib(budget)}) cannot be met: {hint}")

@@ -149,5 +149,5 @@ def test_an_unproven_least_budget_states_what_no_plan_fits_under(monkeypatch: py
     e = info.value
     assert not e.proven and e.min_feasible is not None and e.at_least is not None
     assert floor <= e.at_least < e.min_feasible
-    assert f"no plan fits under {e.at_least / 2**20:.2f} MiB" in str(e)
+    assert f"no plan fits under {e.at_least} bytes ({e.at_least / 2**20:.2f} MiB)" in str(e)
     cpsat.forget_stated()
