@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from ortools.linear_solver import pywraplp
 
 from solvers.cpsat import baseline
+from solvers.hostcopy import Clock
 from solvers.problem import Copy, Problem
 
 STEPS = 6  # steps relaxed: those whose memory is most over the budget
@@ -190,9 +191,7 @@ def add_copy_engine(lp: pywraplp.Solver, problem: Problem, hosted: dict[int, pyw
     ``ENGINE_ROWS`` starts :math:`j` spread over the distinct ones (fewer rows relax it
     less tightly, never wrongly), as a running sum from the latest start back."""
     f = until  # the copies are done before step ``until`` starts
-    before = [0.0]  # compute of the steps before j
-    for n in problem.nodes[:f]:
-        before.append(before[-1] + n.time)
+    before = Clock(problem).starts  # compute of the steps before j: the copies' own clock
     starts: dict[int, list[int]] = {}
     for v in hosted:
         if problem.nodes[v].offloadable:
