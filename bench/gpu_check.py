@@ -209,15 +209,15 @@ def write(out_dir: Path, model_name: str, table: list[dict[str, Any]], note: str
     def ms(x: Any) -> str:
         return "" if x is None else f"{x:.2f}"
 
-    lines = [f"# {model_name}", "", note, "",
-             "| config | budget MiB | predicted MiB | generated MiB | measured MiB | measured / predicted "
-             "| measured / budget | step ms | vs compile | vs ckpt | added ms | predicted added ms "
-             "| recomputed | offloaded | offloaded MiB | squeezed MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ("config", "budget MiB", "predicted MiB", "generated MiB", "measured MiB", "measured / predicted",
+              "measured / budget", "step ms", "vs compile", "vs ckpt", "added ms", "predicted added ms",
+              "recomputed", "offloaded", "offloaded MiB", "squeezed MiB")
+    lines = [f"# {model_name}", "", note, "", "| " + " | ".join(header) + " |",
+             "|---|" + "---:|" * (len(header) - 1)]
     for v in table:
-        if v.get("error"):
+        if v.get("error"):  # the error in the second column, the rest left empty
             error = " ".join(str(v["error"]).split()).replace("|", "/")
-            lines.append(f"| {v['config']} | error: {error} |" + "|" * 14)
+            lines.append(f"| {v['config']} | error: {error} |" + "|" * (len(header) - 2))
             continue
         lines.append(
             f"| {v['config']} | {b(v.get('budget_bytes'))} | {b(v.get('predicted_bytes'))} | "
