@@ -56,10 +56,10 @@ def step_peak(forward: Generated, backward: Generated, device: torch.device | st
     kind = torch.device(device).type
     with FakeTensorMode(allow_non_fake_inputs=True):
         fw = _Walk(kind, "forward")
-        outputs = fw.run(forward.source, _inputs(forward.graph, created=None))
-        by_name = _saved_by_name(forward.graph, outputs, backward.graph)
+        outputs = fw.run(forward.source, _named("forward's inputs", _inputs, forward.graph, created=None))
+        by_name = _named("saved values", _saved_by_name, forward.graph, outputs, backward.graph)
         bw = _Walk(kind, "backward", created=fw.created, host=fw.host)
-        args = _inputs(backward.graph, created=bw.created, given=by_name)
+        args = _named("backward's inputs", _inputs, backward.graph, created=bw.created, given=by_name)
         consumed = {id(v) for v in args}
         bw.kept = [v for v in outputs if id(v) not in consumed]  # the loss, held by the caller
         bw.run(backward.source, args)
@@ -68,6 +68,14 @@ def step_peak(forward: Generated, backward: Generated, device: torch.device | st
     else:
         peak, where, alive = fw.peak, f"forward: {fw.at}", fw.alive
     return CodePeak(peak=peak, forward=fw.peak, backward=bw.peak, where=where, alive=alive)
+
+
+def _named(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, its failure raised as a :class:`WalkError` naming ``what``."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        raise WalkError(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def _output_names(gm: fx.GraphModule) -> list[str | None]:
@@ -311,7 +319,8 @@ def _device_of(gm: fx.GraphModule) -> torch.device:
 
 
 class WalkError(RuntimeError):
-    """A statement of the generated code the walk could not follow; names it."""
+    """What the walk could not follow, named: a statement of the generated code (graph,
+    line and text), or the graphs' inputs or saved values it builds first."""
 
 
 class GeneratedCodeWarning(UserWarning):
