@@ -778,27 +778,25 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 # than the model's rooms): the budget it plans within is raised by the slack.
                 fitted = target if fitted is None else max(fitted, target)
                 target += budget - report.peak
-                if over is not None and fitted < over:
-                    if over - fitted <= budget * LOOSEN:
-                        break
-                    target = min(target, (fitted + over) // 2)
-                continue
-            assert budget is not None and target is not None
-            over = target if over is None else min(over, target)
-            # Where the link carried off less than the model counted, it counts no more for
-            # those options; and the budget is lowered by the excess, then twice it, four
-            # times...: where the model's peak is under the target already, lowering it by
-            # the excess alone may change nothing.
-            carried = offloaded_by_segment(problem, chain.segments, plan)
-            for i, k in chosen[0]:
-                a, b = chain.spans[i][0], chain.spans[i][1] + 1
-                beyond = max(0, sum(carried[a:b]) - sum(chain.hosted[a:b]))
-                caps[(i, k)] = min(caps.get((i, k), beyond), beyond)
-            target = max(0, target - (report.peak - budget) * 2**tries)
-            if fitted is not None and fitted < over:
+            else:
+                assert budget is not None and target is not None
+                over = target if over is None else min(over, target)
+                # Where the link carried off less than the model counted, it counts no more for
+                # those options; and the budget is lowered by the excess, then twice it, four
+                # times...: where the model's peak is under the target already, lowering it by
+                # the excess alone may change nothing.
+                carried = offloaded_by_segment(problem, chain.segments, plan)
+                for i, k in chosen[0]:
+                    a, b = chain.spans[i][0], chain.spans[i][1] + 1
+                    beyond = max(0, sum(carried[a:b]) - sum(chain.hosted[a:b]))
+                    caps[(i, k)] = min(caps.get((i, k), beyond), beyond)
+                target = max(0, target - (report.peak - budget) * 2**tries)
+            if fitted is not None and over is not None and fitted < over:
                 if over - fitted <= budget * LOOSEN:
                     break
-                target = max(target, (fitted + over) // 2)
+                # no further than halfway from the side the last plan was on
+                halfway = (fitted + over) // 2
+                target = min(target, halfway) if report.fits else max(target, halfway)
     wall = time.perf_counter() - t0
     if best is None:
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf, bound=0.0,
