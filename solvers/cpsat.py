@@ -639,8 +639,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     from solvers import bound, chain
 
     # What no plan beats (the searches below prove no bound), in a share of the time.
-    relaxed = bound.lower_bound(problem, seconds=math.inf if config.deterministic else
-                                config.time_limit * BOUND_SHARE)
+    relaxed = bound.lower_bound(problem, seconds=bound_time(config))
     built = chain.build_chain(problem, config)
     found = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
     # The greedy comes last, with what the chain model leaves of the time: at this size
@@ -659,8 +658,7 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
                   key=lambda r: r.report.peak)  # type: ignore[union-attr]
         assert low.report is not None and low.plan is not None
         if not low.report.fits:  # a least-peak plan may fit where the budgeted searches missed
-            at_least = bound.least_budget(problem, low.report.peak, seconds=math.inf if config.deterministic
-                                          else config.time_limit * BOUND_SHARE)
+            at_least = bound.least_budget(problem, low.report.peak, seconds=bound_time(config))
             raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan,
                                               at_least=at_least), problem)
         fitting = [low]
@@ -668,6 +666,12 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
     return replace(best, status=Status.FEASIBLE, bound=min(best.objective, relaxed.seconds),
                    wall_time=time.perf_counter() - t0,
                    stats={**best.stats, "from": best.solver, "bound_step": -1 if relaxed.step is None else relaxed.step})
+
+
+def bound_time(config: SolverConfig) -> float:
+    """Seconds for the step relaxation (:mod:`solvers.bound`): ``BOUND_SHARE`` of the time
+    limit, or no limit under ``config.deterministic`` (its work does not depend on time)."""
+    return math.inf if config.deterministic else config.time_limit * BOUND_SHARE
 
 
 def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
@@ -866,6 +870,8 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
     on the seed it was hinted with where that adds less time (or the search found none);
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
     infeasible; status UNKNOWN when there is no plan."""
+    from solvers import bound as relaxation  # it reads this module's baseline
+
     wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code, stalled=stalled)
     if code == cp_model.INFEASIBLE:
@@ -873,13 +879,9 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
         peak = min_feasible_peak(problem, config)
         proven = peak.status is Status.OPTIMAL
         least = peak.report.peak if peak.report else None
-        if least is not None and not proven:  # what the step relaxation proves instead
-            from solvers import bound as relaxation
-
-            at_least: int | None = relaxation.least_budget(problem, least, seconds=math.inf if config.deterministic
-                                                           else config.time_limit * BOUND_SHARE)
-        else:
-            at_least = None
+        # where the search proves no least peak, what the step relaxation proves instead
+        at_least = (relaxation.least_budget(problem, least, seconds=bound_time(config))
+                    if least is not None and not proven else None)
         raise state(InfeasibleBudgetError(problem.budget, least, proven=proven, plan=peak.plan,
                                           at_least=at_least), problem)
     if code == cp_model.MODEL_INVALID:
@@ -905,10 +907,7 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
         stats["from_seed"] = 1
     proven = source == "cpsat" and proven_optimal(code, solver, model.tie_break)
     if not proven:  # the step relaxation may prove more than the search did
-        from solvers import bound as relaxation
-
-        bound = max(bound, relaxation.lower_bound(problem, seconds=math.inf if config.deterministic
-                                                  else config.time_limit * BOUND_SHARE).seconds)
+        bound = max(bound, relaxation.lower_bound(problem, seconds=bound_time(config)).seconds)
     return SolveResult(
         status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
         objective=report.added_time, bound=min(report.added_time, bound),
