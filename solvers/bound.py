@@ -79,8 +79,12 @@ def lower_bound(problem: Problem, *, steps: int = STEPS, seconds: float = math.i
     ``inf`` where a step's relaxation has no solution (then no plan fits the budget)."""
     if problem.budget is None or problem.single_phase or not problem.candidates:
         return Bound(0.0, None)
+    return _largest(problem, baseline(problem), steps, seconds)
+
+
+def _largest(problem: Problem, fixed: list[int], steps: int, seconds: float) -> Bound:
+    """:func:`lower_bound` with :math:`F` given (it does not change with the budget)."""
     t0 = time.perf_counter()
-    fixed = baseline(problem)
     best = Bound(0.0, None)
     for k in pressing_steps(problem, fixed, steps):
         relaxed = step_bound(problem, k, fixed=fixed)
@@ -102,7 +106,7 @@ def least_budget(problem: Problem, below: int, *, seconds: float = math.inf) -> 
     hi = below  # lowest budget not shown to be infeasible
     while hi - out > below * LEAST_BUDGET_PRECISION and time.perf_counter() - t0 < seconds:
         mid = (out + hi) // 2
-        if math.isinf(lower_bound(problem.with_budget(mid), steps=LEAST_BUDGET_STEPS).seconds):
+        if math.isinf(_largest(problem.with_budget(mid), fixed, LEAST_BUDGET_STEPS, math.inf).seconds):
             out = mid + 1
         else:
             hi = mid
