@@ -40,25 +40,38 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
     minimize    sum_{I,o} time[I,o] * x[I,o]
     subject to  sum_{I contains s} sum_o x[I,o] = 1                         for every s
                 S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} (sum_o K[I,o] x[I,o] - H[I])
-                S[s] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget  for every s
-                0 <= H[I] <= sum_o (h[I,o] - h[I,ref]) x[I,o],  H[I] <= room[I]
+                Q[-1] = 0,  Q[s] >= Q[s-1] + sum_{I ends at s} H[I] - c[s],
+                            Q[s] >= sum_{I ends at s} H[I],  Q[s] >= 0,  Q[last] = 0
+                S[s] + Q[s-1] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget
+                H[I] <= sum_o (h[I,o] - h[I,ref]) x[I,o]
                 sum_{I starts at s or later} H[I]  <=  later[s]              for every s
 
 where ``M[I,o,s]`` is the largest ``T_R(t) + D[I,o](t)`` over the steps ``s`` owns (steps
 no segment owns come after every span's forward and before its window: ``S`` of all
 plus their largest ``T_R``), and ``H[I]`` the bytes of what span ``I`` saves that go to
-host memory: at most ``h[I,o]``, the option's saved bytes that may be offloaded, beyond
-its reference's (which ``T_R`` counts offloaded), and
-``room[I]``, what the host link carries while the span's compute hides it
-(:func:`host_room`; 0 without a link), and ``later[s]`` what it carries between segment
-``s``'s forward and the forward's end and before ``s``'s window (:func:`link_rooms`): the
-copies of the last segments have little compute left to hide under. Options never
-offload: every copy shares the one link, which only this level sees. CP-SAT solves the
-model over one-segment spans first, a much smaller model, then over all spans from that
-plan; the composed plan goes to the checker, which stays the judge.
-Where the changes do not add up exactly (windows that interleave, copies queued on the
-engine) and the checker finds the plan over budget, the chain model is solved again with
-the budget lowered by the excess, then twice it, and so on.
+host memory beyond what its reference's do (``T_R`` counts those offloaded): at most
+``h[I,o] - h[I,ref]``, with ``h`` an option's saved bytes that may be offloaded, which
+is negative where the option saves less of it than its reference (a span that
+recomputes a block input between its segments does not copy it out either).
+
+The copy engine out. ``Q[s]`` is what waits for the engine out after segment ``s``'s
+forward: still on the device, so counted at the next segment's steps. The copies of
+what a span saves are taken as issued at its forward's end, at the latest, and the
+engine carries ``c[s]`` during segment ``s``'s forward: the link's bandwidth times its
+compute, less R's copies issued there (:func:`drains`; a block input's copy is issued
+only once the block after it has read it for the last time). Every copy is out by the
+forward's end. The copies back: ``later[s]`` is what the link brings back before the
+window of segment ``s`` (or, for a segment without one, of the next one with one) and
+carries out after its forward (:func:`link_rooms`), less R's copies of those segments.
+
+Options never offload: every copy shares the one link, which only this level sees.
+CP-SAT solves the model over one-segment spans first, a much smaller model, then over
+all spans from that plan; the composed plan goes to the checker, which stays the judge.
+Where the changes do not add up exactly (windows that interleave, copies the greedy
+placement of :func:`solvers.hostcopy.offload_hidden` does not reach) and the checker
+finds the plan over budget, the chain model is solved again with the budget lowered by
+the excess, then twice it, and so on; a plan that fits close under the budget has its
+search go on from it while time is left.
 
 Options found before. Inside :func:`sharing_options`, the options of each cut are kept
 by its *structure* (its ops, reads and flags, without sizes or times), and a cut of the
@@ -105,6 +118,8 @@ OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
+FIX = False
+HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
 
 
@@ -262,8 +277,9 @@ class Option:
     saved: int  # bytes it keeps from the forward to the backward (the values it reads too)
     timeline: tuple[int, ...]  # the cut's live bytes at each of its steps
     source: str
-    # Of ``saved``, the bytes of values that may be offloaded (a forward step follows their
-    # last forward read); 0 without a host link
+    # Of ``saved``, the bytes of values that may be offloaded (their last forward read is
+    # at the cut's last forward step at the latest, and the step's forward goes on after
+    # it); 0 without a host link
     hostable: int = 0
 
 
@@ -308,7 +324,7 @@ def _fixed_plans(c: Cut) -> list[tuple[str, Plan]]:
     that save the values dearest to recompute for their bytes, up to ``k / SWEEP`` of
     what the interior could save, and recompute the rest: the trade of kept bytes for time
     the chain level makes, which CP-SAT's sweep (of the cut's own peak) need not offer, and
-    where the host link carries the kept bytes off (:func:`host_room`), what pays."""
+    where the host link carries the kept bytes off (the chain model's ``H``), what pays."""
     p = c.problem
     recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
     plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable - c.boundaries)),
@@ -336,8 +352,10 @@ def _judged(p: Problem, plans: Sequence[tuple[str, Plan]]) -> list[Option]:
 
 def _option(p: Problem, source: str, plan: Plan, report: Report) -> Option:
     saved = sum(p.nodes[v].size for v in plan.of(Decision.SAVE))
+    # The step's forward goes on after the cut's: a value read last by the cut's last
+    # forward step (a block input the last residual add reads) may be copied out then.
     hostable = sum(p.nodes[v].size for v in plan.of(Decision.SAVE)
-                   if p.host_bandwidth > 0 and p.nodes[v].offloadable and p.copy_out_from(v) < p.n_forward)
+                   if p.host_bandwidth > 0 and p.nodes[v].offloadable and p.copy_out_from(v) <= p.n_forward)
     return Option(dict(plan.decisions), report.added_time, saved, report.timeline, source, hostable)
 
 
@@ -440,6 +458,9 @@ class Chain:
     # Bytes R's plan offloads of the values each segment's forward makes (the link's time
     # they take is not the options' to count again): all 0 without a host link.
     hosted: tuple[int, ...] = ()
+    # Bytes the copy engine out may carry during each segment's forward beyond R's copies
+    # issued there (:func:`drains`): all 0 without a host link.
+    drains: tuple[int, ...] = ()
     # Seconds one plan took to compose and check (R's, or with a host link the slower of
     # R's and the one whose options save most to offload): a solve keeps that much of its
     # time limit for its last plan (half a second on a 405B-shaped step).
@@ -451,10 +472,9 @@ class Chain:
         return tuple(owners(self))
 
     @functools.cached_property
-    def rooms(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """:func:`host_room` of each span and :func:`link_rooms`, computed once per chain
-        (every chain solve reads them)."""
-        return tuple(host_room(self, i) for i in range(len(self.spans))), tuple(link_rooms(self))
+    def rooms(self) -> tuple[int, ...]:
+        """:func:`link_rooms`, computed once per chain (every chain solve reads them)."""
+        return tuple(link_rooms(self))
 
     def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
         """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
@@ -559,7 +579,23 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
         judge_s = max(judge_s, time.perf_counter() - t0)
     return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
                  distinct=len(by_shape), hosted=tuple(offloaded_by_segment(problem, segments, r_plan)),
-                 judge_s=judge_s)
+                 drains=tuple(drains(problem, segments, r_plan)), judge_s=judge_s)
+
+
+def drains(problem: Problem, segments: Sequence[Segment], plan: Plan) -> list[int]:
+    """Bytes the copy engine out may carry during each segment's forward beyond what
+    ``plan`` copies out there: the link's bandwidth times the segment's compute, less the
+    copies issued in it (a value's copy is issued once its last forward reader has run,
+    so a block input's goes out a block or two after its own; the result may be negative)."""
+    if problem.host_bandwidth <= 0:
+        return [0] * len(segments)
+    starts = [seg.forward[0] for seg in segments]
+    issued = [0] * len(segments)
+    for v in plan.of(Decision.OFFLOAD):
+        issued[bisect.bisect_right(starts, min(problem.copy_out_from(v), problem.n_forward - 1)) - 1] \
+            += problem.nodes[v].size
+    return [int(problem.host_bandwidth * sum(problem.nodes[k].time for k in range(seg.forward[0], seg.forward[1] + 1)))
+            - issued[s] for s, seg in enumerate(segments)]
 
 
 def offloaded_by_segment(problem: Problem, segments: Sequence[Segment], plan: Plan) -> list[int]:
@@ -634,6 +670,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     hosted_from: list[list[cp_model.IntVar]] = [[] for _ in range(n)]  # H[I] by I's first segment
     caps = hosts_at_most or {}
     kept: cp_model.LinearExprT = 0  # S[s]: what the spans before segment s keep
+    linked = p.host_bandwidth > 0
+    queue: cp_model.IntVar | int = 0  # Q[s - 1]
     for s in range(n):
         extra = []
         for i in covering[s]:
@@ -643,32 +681,40 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
                 high = max((base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0)
                             for t in steps_of[s]), default=0)
                 extra.append(-(-high // unit) * v)
-        m.add(kept + sum(extra) <= peak)
+        m.add(kept + queue + sum(extra) <= peak)
         saved0 = [chain.options[i][0].saved for i in ending[s]]
         change = [(o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
                   for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0]
+        issued = []
         for i in ending[s]:  # H[I]: what span I saves that its copies to the host carry off
             # beyond its reference's, which T_R counts offloaded already
-            more = [min(max(0, o.hostable - chain.options[i][0].hostable), caps.get((i, k), top * unit)) // unit
+            more = [min(o.hostable - chain.options[i][0].hostable, caps.get((i, k), top * unit)) // unit
                     for k, o in enumerate(chain.options[i])]
             most = sum(h * v for h, v in zip(more, x[i], strict=True))
-            room = chain.rooms[0][i] // unit
-            if room > 0 and any(more):
-                hosted = m.new_int_var(0, room, f"H{i}")
+            if linked and any(more):
+                hosted = m.new_int_var(-top, top, f"H{i}")
                 m.add(hosted <= most)
                 change.append(-hosted)
+                issued.append(hosted)
                 hosted_from[chain.spans[i][0]].append(hosted)
+        if linked:  # Q[s]: what waits for the copy engine after segment s's forward
+            after_q = m.new_int_var(0, top, f"Q{s}")
+            m.add(after_q >= queue + sum(issued) - chain.drains[s] // unit)
+            m.add(after_q >= sum(issued))  # issued at the segment's end, at the latest
+            queue = after_q
         if change:  # S[s + 1] as a variable of its own: the model stays linear in the segments
             after = m.new_int_var(-top, top, f"S{s + 1}")
             m.add(after == kept + sum(change))
             kept = after
+    if linked:
+        m.add(queue == 0)  # every copy out done by the forward's end
     if unowned:
         m.add(kept + -(-max(base[t] for t in unowned) // unit) <= peak)
     # What spans from segment s on carry off goes out between its forward's end and the
     # forward's, and comes back before its window begins: for the last segments, less
     # than their own rooms add up to.
     later: cp_model.LinearExprT = 0
-    for s, room in reversed(list(enumerate(chain.rooms[1]))):
+    for s, room in reversed(list(enumerate(chain.rooms))):
         if hosted_from[s]:
             total = m.new_int_var(0, room // unit, f"L{s}")  # a variable, as S[s] is
             m.add(total == later + sum(hosted_from[s]))
@@ -681,10 +727,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         m.minimize(sum(round(o.time / seconds) * v for opts, xs in zip(chain.options, x, strict=True)
                        if xs for o, v in zip(opts, xs, strict=True)))
     if hint is not None:
-        hinted = set(hint)
-        for i, xs in enumerate(x):
-            for k, v in enumerate(xs):
-                m.add_hint(v, (i, k) in hinted)
+        _hint(m, [v for i, xs in enumerate(x) for v in xs],
+              [(i, k) in set(hint) for i, xs in enumerate(x) for k in range(len(xs))])
     # building the model counts against the time limit (seconds on a 405B step's spans)
     built = config if config.deterministic else replace(config, time_limit=max(0.1, _rest(config, t0)))
     solver = make_solver(replace(built, relative_gap=0.0))
@@ -696,37 +740,48 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     return choice, bound, code == cp_model.OPTIMAL
 
 
-def host_room(chain: Chain, i: int) -> int:
-    """Bytes span ``i``'s saved values may take to the host and back while its compute
-    hides the copies: the host link's bandwidth times the shorter of its forward's compute
-    and its window's, less what R's plan offloads of its segments' values (counted in
-    ``T_R`` already: its boundaries, and what its reference saves)."""
-    p = chain.problem
-    if p.host_bandwidth <= 0:
-        return 0
-    first, last = chain.spans[i]
-    segs = chain.segments[first:last + 1]
-    forward = sum(p.nodes[k].time for s in segs for k in range(s.forward[0], s.forward[1] + 1))
-    steps = {k for s in segs if s.window is not None for k in range(s.window[0], s.window[1] + 1)}
-    backward = sum(p.nodes[k].time for k in steps)
-    return max(0, int(p.host_bandwidth * min(forward, backward)) - sum(chain.hosted[first:last + 1]))
+def _hint(m: cp_model.CpModel, choices: Sequence[cp_model.IntVar], values: Sequence[bool]) -> None:
+    """Hint ``m``'s search with ``choices`` at ``values`` and, where the model allows that
+    choice, every other variable at a value that completes it (found with the choices
+    fixed: a search that only has to place ``H``, ``Q``, ``S`` and ``L``). CP-SAT takes a
+    complete, feasible hint as its first solution at once; the choices alone, it may
+    leave after the first conflict."""
+    fixed = m.clone()
+    for v, on in zip(choices, values, strict=True):
+        fixed.add(fixed.get_bool_var_from_proto_index(v.index) == int(on))
+    fixed.clear_objective()
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_deterministic_time = HINT_WORK
+    solver.parameters.catch_sigint_signal = False
+    if solver.solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        for j in range(len(m.proto.variables)):
+            v = m.get_int_var_from_proto_index(j)
+            m.add_hint(v, solver.value(v))
+    else:
+        for v, on in zip(choices, values, strict=True):
+            m.add_hint(v, on)
 
 
 def link_rooms(chain: Chain) -> list[int]:
     """For each segment ``s``, the bytes the spans from it on may take to the host beyond
     what R's plan does: the link's bandwidth times the shorter of the forward's compute
-    after ``s``'s and the backward's before ``s``'s window, less what R's plan offloads
-    of those segments' values (0 at least). One engine each way that finishes every copy
-    out by the forward's end, and every copy back by its window's start, needs no more."""
+    after ``s``'s and the backward's before ``s``'s window (for a segment without one, the
+    next segment's that has one), less what R's plan offloads of those segments' values
+    (0 at least). One engine each way that finishes every copy out by the forward's end,
+    and every copy back by its window's start, needs no more."""
     p = chain.problem
     f = p.n_forward
     ends = Clock(p).ends  # the steps' own compute, on the clock the copies run on
     rooms = []
-    for s, seg in enumerate(chain.segments):
+    before = 0.0  # a segment without a window: what comes back by the next one's window
+    for s in reversed(range(len(chain.segments))):
+        seg = chain.segments[s]
         after = ends[f - 1] - ends[seg.forward[1]]
-        before = ends[seg.window[0] - 1] - ends[f - 1] if seg.window is not None else 0.0
+        if seg.window is not None:
+            before = ends[seg.window[0] - 1] - ends[f - 1]
         rooms.append(max(0, int(p.host_bandwidth * min(after, before)) - sum(chain.hosted[s:])))
-    return rooms
+    return rooms[::-1]
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
@@ -747,7 +802,11 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     # One-segment spans first: a much smaller model, whose windows do not interleave, so
     # that it counts what the checker counts. Its plan then starts the search over all
     # spans, which has the rest of the time.
-    start = [(i, 0) for i in chain.singles()]  # R: in the model, the least it keeps
+    # Each search starts from the model's choice at the highest target not above its own
+    # (one it allows, unless a cap learnt since forbids it), else at the lowest; the first
+    # from none (hinted with R, the least the model keeps, CP-SAT stayed near it on the
+    # 405B-shaped step).
+    found: dict[int, list[tuple[int, int]]] = {}
     caps: dict[tuple[int, int], int] = {}  # hosts_at_most, learnt from composed plans
     solves = 0
     for singles in (True, False):
@@ -756,26 +815,39 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
         # between a target whose plan fitted and one whose plan did not, the next is halfway.
         fitted: int | None = None  # the highest target whose plan fitted
         over: int | None = None  # the lowest target whose plan did not
+        going_on = False  # the last plan fitted, close enough: the search goes on from it
         for tries in range(TIGHTEN):
             left = _rest(config, t0) - reserve
             if left <= 0:
                 break
             solves += 1
-            chosen = solve_chain(chain, target, replace(config, time_limit=left / 2 if singles else left),
-                                 singles=singles, hint=best[2] if best else start, hosts_at_most=caps)
+            below = [t for t in found if target is None or t <= target]
+            hint = found[max(below) if below else min(found)] if found else None
+            # One-segment spans: a quarter of the time; the first search over all spans, two
+            # thirds of what is left, keeping time for a budget moved by its excess; then
+            # half of it, or all where the search only goes on.
+            share = 0.25 if singles else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
+            chosen = solve_chain(chain, target, replace(config, time_limit=left * share),
+                                 singles=singles, hint=hint, hosts_at_most=caps)
             if chosen is None:
                 break
-            start = chosen[0]  # over the budget, if so, by a little: the next search starts there
+            found[target if target is not None else 2**62] = chosen[0]
             plan = chain.plan(chosen[0])
             report = check(problem, plan)
             stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=solves)
             if report.fits:
                 if best is None or report.added_time < best[1].added_time:
                     best = (plan, report, chosen[0])
-                if budget is None or target is None or budget - report.peak <= budget * LOOSEN:
-                    break
-                # The model counted more than the checker found (the link carried off more
-                # than the model's rooms): the budget it plans within is raised by the slack.
+                if budget is None or target is None or singles:
+                    break  # a plan that fits: the search over all spans starts from it
+                if budget - report.peak <= budget * LOOSEN:
+                    if chosen[2]:
+                        break
+                    going_on = True  # the same target again, the search going on from its plan
+                    continue
+                # The model counted more than the checker found (the link carried off more,
+                # or sooner, than the model's engine did): the budget it plans within is
+                # raised by the slack.
                 fitted = target if fitted is None else max(fitted, target)
                 target += budget - report.peak
             else:
@@ -788,7 +860,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 carried = offloaded_by_segment(problem, chain.segments, plan)
                 for i, k in chosen[0]:
                     a, b = chain.spans[i][0], chain.spans[i][1] + 1
-                    beyond = max(0, sum(carried[a:b]) - sum(chain.hosted[a:b]))
+                    beyond = sum(carried[a:b]) - sum(chain.hosted[a:b])
                     caps[(i, k)] = min(caps.get((i, k), beyond), beyond)
                 target = max(0, target - (report.peak - budget) * 2**tries)
             if fitted is not None and over is not None and fitted < over:

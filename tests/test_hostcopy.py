@@ -195,6 +195,51 @@ def test_the_link_is_the_chain_levels_alone() -> None:
     assert rooms[-1] == 0 and max(rooms) > 0
 
 
+@pytest.fixture(scope="module")
+def deep_chain() -> chain.Chain:
+    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2))
+    assert built is not None
+    return built
+
+
+def test_longer_spans_only_add_choices_to_the_chain_model(deep_chain: chain.Chain) -> None:
+    """Every choice of one-segment spans is a choice of the model over all spans, with the
+    same peak: a segment without a backward window (the embedding's) once left the link
+    no room from it on in the model over all spans, and no span offloaded anything there."""
+    built = deep_chain
+    config = SolverConfig(time_limit=10.0, workers=2)
+    singles = chain.solve_chain(built, None, config, minimize_peak=True, singles=True)
+    assert singles is not None and singles[2]
+    assert built.segments[0].window is None and chain.link_rooms(built)[0] > 0
+    again = chain.solve_chain(built, int(singles[1]), config, singles=False, hint=singles[0])
+    assert again is not None, "the one-segment spans' least peak is out of the model over all spans"
+
+
+def test_a_block_input_inside_a_span_may_go_to_the_host(deep_chain: chain.Chain) -> None:
+    """A boundary inside a span is read last by the residual add that ends the span's
+    forward; the step's forward goes on after it, so its copy out can run then, and the
+    span's reference counts it among what may be offloaded, as R's plan offloads it."""
+    built = deep_chain
+    checked = 0
+    for i, (first, last) in enumerate(built.spans):
+        c, ref = built.cuts[i], built.options[i][0]
+        inner = sum(c.problem.nodes[b].size for b in c.boundaries
+                    if ref.decisions.get(b) is Decision.SAVE and c.problem.nodes[b].offloadable)
+        if first < last and inner:
+            assert ref.hostable >= inner
+            checked += 1
+    assert checked > len(built.segments) // 2
+
+
+def test_the_copy_engine_out_carries_the_forwards_compute_time(deep_chain: chain.Chain) -> None:
+    """What the chain model lets the engine out carry during the segments' forwards, plus
+    what R's plan copies out, is the link's bandwidth times the forward's compute."""
+    built = deep_chain
+    p = built.problem
+    forward = sum(p.nodes[k].time for seg in built.segments for k in range(seg.forward[0], seg.forward[1] + 1))
+    assert sum(built.drains) + built.reference.offloaded_bytes == pytest.approx(p.host_bandwidth * forward, rel=1e-6)
+
+
 def test_at_checkpointings_peak_offload_halves_what_recomputation_adds() -> None:
     """The chain model counts what its spans save and the link carries off (H[I]): on the
     deep GPT with a 1 GB/s link, at checkpointing every segment's peak, its plan adds under
