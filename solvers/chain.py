@@ -118,7 +118,6 @@ OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
-FIX = False
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
 
@@ -727,8 +726,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         m.minimize(sum(round(o.time / seconds) * v for opts, xs in zip(chain.options, x, strict=True)
                        if xs for o, v in zip(opts, xs, strict=True)))
     if hint is not None:
-        _hint(m, [v for i, xs in enumerate(x) for v in xs],
-              [(i, k) in set(hint) for i, xs in enumerate(x) for k in range(len(xs))])
+        hinted = set(hint)
+        _hint(m, [v for xs in x for v in xs], [(i, k) in hinted for i, xs in enumerate(x) for k in range(len(xs))])
     # building the model counts against the time limit (seconds on a 405B step's spans)
     built = config if config.deterministic else replace(config, time_limit=max(0.1, _rest(config, t0)))
     solver = make_solver(replace(built, relative_gap=0.0))
@@ -836,13 +835,14 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             report = check(problem, plan)
             stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=solves)
             if report.fits:
-                if best is None or report.added_time < best[1].added_time:
+                better = best is None or report.added_time < best[1].added_time
+                if better:
                     best = (plan, report, chosen[0])
                 if budget is None or target is None or singles:
                     break  # a plan that fits: the search over all spans starts from it
                 if budget - report.peak <= budget * LOOSEN:
-                    if chosen[2]:
-                        break
+                    if chosen[2] or (going_on and not better):
+                        break  # optimal, or a search that went on found nothing better
                     going_on = True  # the same target again, the search going on from its plan
                     continue
                 # The model counted more than the checker found (the link carried off more,
