@@ -118,6 +118,7 @@ OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
+FAR = 1.25  # times the model's bound: a one-segment plan that adds more is searched again once
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
 
@@ -838,6 +839,9 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 better = best is None or report.added_time < best[1].added_time
                 if better:
                     best = (plan, report, chosen[0])
+                if singles and not going_on and 0 < FAR * chosen[1] < report.added_time:
+                    going_on = True  # far above the model's bound: searched again from itself
+                    continue
                 if budget is None or target is None or singles:
                     break  # a plan that fits: the search over all spans starts from it
                 if budget - report.peak <= budget * LOOSEN:
