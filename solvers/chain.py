@@ -71,7 +71,8 @@ Where the changes do not add up exactly (windows that interleave, copies the gre
 placement of :func:`solvers.hostcopy.offload_hidden` does not reach) and the checker
 finds the plan over budget, the chain model is solved again with the budget lowered by
 the excess, then twice it, and so on; a plan that fits close under the budget has its
-search go on from it while time is left.
+search go on from it while time is left, and a one-segment plan far above the model's
+bound is searched again once.
 
 Options found before. Inside :func:`sharing_options`, the options of each cut are kept
 by its *structure* (its ops, reads and flags, without sizes or times), and a cut of the
