@@ -590,22 +590,21 @@ def drains(problem: Problem, segments: Sequence[Segment], plan: Plan) -> list[in
     so a block input's goes out a block or two after its own; the result may be negative)."""
     if problem.host_bandwidth <= 0:
         return [0] * len(segments)
-    starts = [seg.forward[0] for seg in segments]
-    issued = [0] * len(segments)
-    for v in plan.of(Decision.OFFLOAD):
-        issued[bisect.bisect_right(starts, min(problem.copy_out_from(v), problem.n_forward - 1)) - 1] \
-            += problem.nodes[v].size
+    issued = offloaded_by_segment(problem, segments, plan, issued=True)
     return [int(problem.host_bandwidth * sum(problem.nodes[k].time for k in range(seg.forward[0], seg.forward[1] + 1)))
             - issued[s] for s, seg in enumerate(segments)]
 
 
-def offloaded_by_segment(problem: Problem, segments: Sequence[Segment], plan: Plan) -> list[int]:
-    """The bytes ``plan`` offloads of the values each segment's forward makes."""
+def offloaded_by_segment(problem: Problem, segments: Sequence[Segment], plan: Plan, *,
+                         issued: bool = False) -> list[int]:
+    """The bytes ``plan`` offloads of the values each segment's forward makes, or with
+    ``issued`` of those whose copy out each segment's forward issues."""
     starts = [seg.forward[0] for seg in segments]
     out = [0] * len(segments)
     for v in plan.of(Decision.OFFLOAD):
-        s = bisect.bisect_right(starts, v) - 1
-        if s >= 0 and v <= segments[s].forward[1]:
+        at = min(problem.copy_out_from(v), problem.n_forward - 1) if issued else v
+        s = bisect.bisect_right(starts, at) - 1
+        if s >= 0 and at <= segments[s].forward[1]:
             out[s] += problem.nodes[v].size
     return out
 
@@ -712,8 +711,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     if unowned:
         m.add(kept + -(-max(base[t] for t in unowned) // unit) <= peak)
     # What spans from segment s on carry off goes out between its forward's end and the
-    # forward's, and comes back before its window begins: for the last segments, less
-    # than their own rooms add up to.
+    # forward's, and comes back before its window begins: for the last segments, little.
     later: cp_model.LinearExprT = 0
     for s, room in reversed(list(enumerate(chain.rooms))):
         if hosted_from[s]:
