@@ -42,27 +42,30 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
                 S[0] = 0,  S[s+1] = S[s] + sum_{I ends at s} (sum_o K[I,o] x[I,o] - H[I])
                 Q[-1] = 0,  Q[s] >= Q[s-1] + sum_{I ends at s} H[I] - c[s],
                             Q[s] >= sum_{I ends at s} H[I],  Q[s] >= 0,  Q[last] = 0
-                S[s] + Q[s-1] + sum_{I contains s} sum_o M[I,o,s] x[I,o]  <=  budget
+                S[s] + Q[s-1] + sum_{I contains s} sum_o F[I,o,s] x[I,o]  <=  budget
+                S[s] +          sum_{I contains s} sum_o B[I,o,s] x[I,o]  <=  budget
                 H[I] <= sum_o (h[I,o] - h[I,ref]) x[I,o]
                 sum_{I starts at s or later} H[I]  <=  later[s]              for every s
 
-where ``M[I,o,s]`` is the largest ``T_R(t) + D[I,o](t)`` over the steps ``s`` owns (steps
-no segment owns come after every span's forward and before its window: ``S`` of all
-plus their largest ``T_R``), and ``H[I]`` the bytes of what span ``I`` saves that go to
-host memory beyond what its reference's do (``T_R`` counts those offloaded): at most
-``h[I,o] - h[I,ref]``, with ``h`` an option's saved bytes that may be offloaded, which
-is negative where the option saves less of it than its reference (a span that
-recomputes a block input between its segments does not copy it out either).
+where ``F[I,o,s]`` and ``B[I,o,s]`` are the largest ``T_R(t) + D[I,o](t)`` over the
+steps ``s`` owns in the forward and in the backward (steps no segment owns come after
+every span's forward and before its window: ``S`` of all plus their largest ``T_R``), and
+``H[I]`` the bytes of what span ``I`` saves that go to host memory beyond what its
+reference's do (``T_R`` counts those offloaded): at most ``h[I,o] - h[I,ref]``, with
+``h`` an option's saved bytes that may be offloaded, which is negative where the option
+saves less of it than its reference (a span that recomputes a block input between its
+segments does not copy it out either).
 
 The copy engine out. ``Q[s]`` is what waits for the engine out after segment ``s``'s
-forward: still on the device, so counted at the next segment's steps. The copies of
-what a span saves are taken as issued at its forward's end, at the latest, and the
-engine carries ``c[s]`` during segment ``s``'s forward: the link's bandwidth times its
-compute, less R's copies issued there (:func:`drains`; a block input's copy is issued
-only once the block after it has read it for the last time). Every copy is out by the
-forward's end. The copies back: ``later[s]`` is what the link brings back before the
-window of segment ``s`` (or, for a segment without one, of the next one with one) and
-carries out after its forward (:func:`link_rooms`), less R's copies of those segments.
+forward: still on the device, so counted at the next segment's forward steps (it is
+empty by the backward). The copies of what a span saves are taken as issued at its
+forward's end, at the latest, and the engine carries ``c[s]`` during segment ``s``'s
+forward: the link's bandwidth times its compute, less R's copies issued there
+(:func:`drains`; a block input's copy is issued only once the block after it has read
+it for the last time). Every copy is out by the forward's end. The copies back:
+``later[s]`` is what the link brings back before the window of segment ``s`` (or, for a
+segment without one, of the next one with one) and carries out after its forward
+(:func:`link_rooms`), less R's copies of those segments.
 
 Options never offload: every copy shares the one link, which only this level sees.
 CP-SAT solves the model over one-segment spans first, a much smaller model, then over
@@ -72,7 +75,8 @@ placement of :func:`solvers.hostcopy.offload_hidden` does not reach) and the che
 finds the plan over budget, the chain model is solved again with the budget lowered by
 the excess, then twice it, and so on; a plan that fits close under the budget has its
 search go on from it while time is left, and a one-segment plan far above the model's
-bound is searched again once.
+bound (or with none proven, or no plan found in the time) is searched again once, from
+no hint and with most of the time left.
 
 Options found before. Inside :func:`sharing_options`, the options of each cut are kept
 by its *structure* (its ops, reads and flags, without sizes or times), and a cut of the
@@ -114,12 +118,15 @@ from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Sta
 from solvers.sat import make_solver
 
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
+# Plans per distinct segment that save its values dearest to recompute for their bytes, up to
+# k / DEAREST of what it could save: the trade of kept bytes for time the chain level makes
+DEAREST = 24
 SPAN = 4  # segments, at most, planned as one (two layers of a transformer)
 OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
-FAR = 1.25  # times the model's bound: a one-segment plan that adds more is searched again once
+FAR = 1.25  # times the model's bound: a one-segment plan adding more is searched again, from no hint
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
 
@@ -322,10 +329,12 @@ def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
 
 def _fixed_plans(c: Cut) -> list[tuple[str, Plan]]:
     """The options every cut has, reference first (:func:`options`); beside them, the plans
-    that save the values dearest to recompute for their bytes, up to ``k / SWEEP`` of
+    that save the values dearest to recompute for their bytes, up to ``k / DEAREST`` of
     what the interior could save, and recompute the rest: the trade of kept bytes for time
     the chain level makes, which CP-SAT's sweep (of the cut's own peak) need not offer, and
-    where the host link carries the kept bytes off (the chain model's ``H``), what pays."""
+    where the host link carries the kept bytes off (the chain model's ``H``), what pays.
+    Where the link is what limits the plan, each byte it carries should go to the dearest
+    value left, so the steps of that trade must be fine (docs/scale.md)."""
     p = c.problem
     recomputable = {v for v in p.candidates if p.nodes[v].recomputable}
     plans: list[tuple[str, Plan]] = [("recompute", plan_with(p, recomputable - c.boundaries)),
@@ -335,14 +344,14 @@ def _fixed_plans(c: Cut) -> list[tuple[str, Plan]]:
     inner = recomputable - c.boundaries
     dearest = sorted(inner, key=lambda v: (-p.nodes[v].time / max(p.nodes[v].size, 1), v))
     total = sum(p.nodes[v].size for v in inner)
-    for k in range(1, SWEEP):
+    for k in range(1, DEAREST):
         kept: set[int] = set()
-        room = total * k // SWEEP
+        room = total * k // DEAREST
         for v in dearest:
             if p.nodes[v].size <= room:
                 kept.add(v)
                 room -= p.nodes[v].size
-        plans.append((f"keep-dearest@{k}/{SWEEP}", plan_with(p, inner - kept)))
+        plans.append((f"keep-dearest@{k}/{DEAREST}", plan_with(p, inner - kept)))
     return plans
 
 
@@ -673,15 +682,20 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     linked = p.host_bandwidth > 0
     queue: cp_model.IntVar | int = 0  # Q[s - 1]
     for s in range(n):
-        extra = []
-        for i in covering[s]:
-            ref = chain.options[i][0].timeline
-            at = local_at[i]
-            for o, v in zip(chain.options[i], x[i], strict=True):
-                high = max((base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0)
-                            for t in steps_of[s]), default=0)
-                extra.append(-(-high // unit) * v)
-        m.add(kept + queue + sum(extra) <= peak)
+        # The steps s owns in the forward, where the queue is still on the device, and in
+        # the backward, where it is empty.
+        for steps, waiting in (([t for t in steps_of[s] if t < p.n_forward], queue),
+                               ([t for t in steps_of[s] if t >= p.n_forward], 0)):
+            if not steps:
+                continue
+            extra = []
+            for i in covering[s]:
+                ref = chain.options[i][0].timeline
+                at = local_at[i]
+                for o, v in zip(chain.options[i], x[i], strict=True):
+                    high = max(base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0) for t in steps)
+                    extra.append(-(-high // unit) * v)
+            m.add(kept + waiting + sum(extra) <= peak)
         saved0 = [chain.options[i][0].saved for i in ending[s]]
         change = [(o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
                   for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0]
@@ -815,6 +829,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
         fitted: int | None = None  # the highest target whose plan fitted
         over: int | None = None  # the lowest target whose plan did not
         going_on = False  # the last plan fitted, close enough: the search goes on from it
+        # One-segment spans: CP-SAT's first plans on a long chain stay near R for seconds, and
+        # a search from R stays there. A first search that ends far above the model's bound,
+        # with no bound proven, or with no plan, is run once again from no hint.
+        again = retried = False
         for tries in range(TIGHTEN):
             left = _rest(config, t0) - reserve
             if left <= 0:
@@ -822,24 +840,33 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             solves += 1
             below = [t for t in found if target is None or t <= target]
             hint = found[max(below) if below else min(found)] if found else None
-            # One-segment spans: a quarter of the time; the first search over all spans, two
-            # thirds of what is left, keeping time for a budget moved by its excess; then
-            # half of it, or all where the search only goes on.
-            share = 0.25 if singles else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
+            # One-segment spans: a quarter of the time, and the search again three quarters of
+            # what is left (a long chain's search over all spans does not start in less); the
+            # first search over all spans, two thirds of what is left, keeping time for a
+            # budget moved by its excess; then half of it, or all where the search only goes on.
+            this_again, again = again, False
+            if this_again:
+                hint, share, retried = None, 0.75, True
+            else:
+                share = 0.25 if singles else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
             chosen = solve_chain(chain, target, replace(config, time_limit=left * share),
                                  singles=singles, hint=hint, hosts_at_most=caps)
             if chosen is None:
+                if singles and not retried and best is None:
+                    again = True  # no plan in the time (or none at all)
+                    continue
                 break
-            found[target if target is not None else 2**62] = chosen[0]
             plan = chain.plan(chosen[0])
             report = check(problem, plan)
             stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=solves)
+            better = report.fits and (best is None or report.added_time < best[1].added_time)
+            if not (this_again and report.fits and not better):  # the search again keeps the better start
+                found[target if target is not None else 2**62] = chosen[0]
             if report.fits:
-                better = best is None or report.added_time < best[1].added_time
                 if better:
                     best = (plan, report, chosen[0])
-                if singles and not going_on and 0 < FAR * chosen[1] < report.added_time:
-                    going_on = True  # far above the model's bound: searched again from itself
+                if singles and not retried and not chosen[2] and report.added_time > FAR * max(chosen[1], 0.0):
+                    again = True  # far above the model's bound, or no bound proven
                     continue
                 if budget is None or target is None or singles:
                     break  # a plan that fits: the search over all spans starts from it
