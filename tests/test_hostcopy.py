@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -249,11 +250,12 @@ def test_a_one_segment_plan_with_no_bound_proven_is_searched_again_from_no_hint(
     real = chain.solve_chain
     calls: list[tuple[bool, object, float]] = []
 
-    def first_stays_at_r(c: chain.Chain, target: int | None, config: SolverConfig, **kw: object):  # type: ignore[no-untyped-def]
+    def first_stays_at_r(c: chain.Chain, target: int | None, config: SolverConfig,
+                         **kw: Any) -> tuple[list[tuple[int, int]], float, bool] | None:
         calls.append((bool(kw.get("singles")), kw.get("hint"), config.time_limit))
         if len(calls) == 1:
             return [(i, 0) for i in c.singles()], 0.0, False  # R, and a bound of nothing
-        return real(c, target, config, **kw)  # type: ignore[arg-type]
+        return real(c, target, config, **kw)
 
     monkeypatch.setattr(chain, "solve_chain", first_stays_at_r)
     budget = every_segment_peak(deep_gpt())  # checkpointing's, without the link
