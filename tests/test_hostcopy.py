@@ -265,21 +265,36 @@ def test_a_one_segment_plan_with_no_bound_proven_is_searched_again_from_no_hint(
     assert r.report is not None and r.report.added_time < built.reference.added_time
 
 
-def test_where_the_link_limits_the_plan_a_finer_trade_of_bytes_for_time_pays(
-        deep_chain: chain.Chain, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each byte the link carries out should free the value dearest to recompute for its
-    bytes: on the deep GPT with a 1 GB/s link at 0.7x checkpointing's peak, the chain's plan
-    with options at 24ths of a segment's bytes adds at least a tenth less than at sixths
-    (4.5 ms against 5.8 when measured)."""
-    config = SolverConfig(time_limit=10.0, workers=2)
-    budget = int(0.7 * every_segment_peak(deep_gpt()))
-    fine = chain.solve(deep_chain.problem.with_budget(budget), config, chain=deep_chain).report
-    monkeypatch.setattr(chain, "DEAREST", 6)
-    sixths = chain.build_chain(deep_chain.problem, config)
-    assert sixths is not None and sum(map(len, sixths.options)) < sum(map(len, deep_chain.options))
-    coarse = chain.solve(deep_chain.problem.with_budget(budget), config, chain=sixths).report
-    assert fine is not None and coarse is not None and fine.fits and coarse.fits
-    assert fine.added_time < 0.9 * coarse.added_time
+def test_each_segment_offers_the_trade_of_kept_bytes_for_time_in_fine_steps(deep_chain: chain.Chain) -> None:
+    """Where the link limits the plan, each byte it carries should free the value dearest to
+    recompute for its bytes: every segment offers plans that save its dearest values (time
+    to recompute over bytes) up to k/DEAREST of what it could save, each short of its share
+    by less than any value it leaves out."""
+    checked = 0
+    for i in deep_chain.singles():
+        c = deep_chain.cuts[i]
+        p = c.problem
+        plans = [plan for source, plan in chain._fixed_plans(c) if source.startswith("keep-dearest@")]
+        inner = {v for v in p.candidates if p.nodes[v].recomputable} - c.boundaries
+        if len(inner) < 4:
+            continue
+        assert len(plans) == chain.DEAREST - 1
+        total = sum(p.nodes[v].size for v in inner)
+        for k, plan in enumerate(plans, start=1):
+            now = inner - set(plan.of(Decision.RECOMPUTE))
+            room = total * k // chain.DEAREST - sum(p.nodes[v].size for v in now)
+            assert room >= 0
+            left = inner - now
+            assert all(p.nodes[v].size > room for v in left)  # short of its share by less than any
+            # a value left out did not fit beside the dearer ones kept
+            dearer = 0
+            for v in sorted(inner, key=lambda v: (-p.nodes[v].time / max(p.nodes[v].size, 1), v)):
+                if v in now:
+                    dearer += p.nodes[v].size
+                else:
+                    assert dearer + p.nodes[v].size > total * k // chain.DEAREST
+        checked += 1
+    assert checked
 
 
 def test_at_checkpointings_peak_offload_halves_what_recomputation_adds() -> None:
