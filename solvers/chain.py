@@ -13,8 +13,9 @@ Its *region* is its forward steps and its window.
 Options. Each segment's region, cut out as a problem of its own (what it reads from
 outside becomes resident), is planned by CP-SAT at a sweep of budgets from its least
 peak to saving everything, beside recomputing every interior value (what checkpointing
-the segment does) and recomputing the free ones. Segments of the same shape share their
-options: a 32-layer model has a handful of distinct segments, not 64.
+the segment does), recomputing the free ones, and saving the values dearest to recompute
+for their bytes up to each ``1 / DEAREST`` of what it could save. Segments of the same
+shape share their options: a 32-layer model has a handful of distinct segments, not 64.
 
 Spans. A *span* is one to ``SPAN`` consecutive segments planned as one: inside it, the
 boundaries between its segments are decided like any value (a span of two layers whose
@@ -294,10 +295,11 @@ class Option:
 def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
     """The options of one cut: its reference (recompute every interior value but the inner
     boundaries; first), save them all, recompute the free ones, recompute all (inner
-    boundaries too), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least peak
-    to saving all; none offloads. Pareto-dominated ones dropped, the reference kept. An option is its
-    decisions, so plans that recompute a value more than once are neither sought nor kept
-    (their schedule is more than their decisions)."""
+    boundaries too), the dearest values kept at each ``1 / DEAREST`` of the bytes
+    (:func:`_fixed_plans`), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least
+    peak to saving all; none offloads. Pareto-dominated ones dropped, the reference kept.
+    An option is its decisions, so plans that recompute a value more than once are neither
+    sought nor kept (their schedule is more than their decisions)."""
     from solvers import planner  # cpsat seeds its search with this module's plans
 
     p = c.problem
