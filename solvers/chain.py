@@ -484,6 +484,37 @@ class Chain:
         return tuple(owners(self))
 
     @functools.cached_property
+    def highs(self) -> tuple[tuple[dict[int, tuple[int, ...]] | None, dict[int, tuple[int, ...]] | None], ...]:
+        """For each segment ``s``, over the steps it owns in the forward and then in the
+        backward (None where it owns none): for each span containing ``s``, the most live
+        bytes at those steps with each of its options (``F`` and ``B`` of the module
+        docstring). Computed once per chain: every chain solve reads them."""
+        f = self.problem.n_forward
+        base = self.reference.timeline
+        steps_of: list[list[int]] = [[] for _ in self.segments]
+        for t, s in enumerate(self.step_owners):
+            if s is not None:
+                steps_of[s].append(t)
+        local_at = [{g: j for j, g in enumerate(c.steps) if g >= 0} for c in self.cuts]
+        covering: list[list[int]] = [[] for _ in self.segments]
+        for i, (first, last) in enumerate(self.spans):
+            for s in range(first, last + 1):
+                covering[s].append(i)
+
+        def most(s: int, steps: list[int]) -> dict[int, tuple[int, ...]] | None:
+            if not steps:
+                return None
+            out = {}
+            for i in covering[s]:
+                ref, at = self.options[i][0].timeline, local_at[i]
+                out[i] = tuple(max(base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0) for t in steps)
+                               for o in self.options[i])
+            return out
+
+        return tuple((most(s, [t for t in steps if t < f]), most(s, [t for t in steps if t >= f]))
+                     for s, steps in enumerate(steps_of))
+
+    @functools.cached_property
     def rooms(self) -> tuple[int, ...]:
         """:func:`link_rooms`, computed once per chain (every chain solve reads them)."""
         return tuple(link_rooms(self))
@@ -655,12 +686,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     seconds = p.scale.seconds_per_unit
     n = len(chain.segments)
     base = chain.reference.timeline
-    own = chain.step_owners
-    steps_of: list[list[int]] = [[] for _ in range(n)]
-    unowned: list[int] = []
-    for t, s in enumerate(own):
-        (unowned if s is None else steps_of[s]).append(t)
-    local_at = [{g: j for j, g in enumerate(c.steps) if g >= 0} for c in chain.cuts]
+    unowned = [t for t, s in enumerate(chain.step_owners) if s is None]
 
     m = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{i}_{k}") for k in range(len(opts))]
@@ -686,18 +712,10 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     for s in range(n):
         # The steps s owns in the forward, where the queue is still on the device, and in
         # the backward, where it is empty.
-        for steps, waiting in (([t for t in steps_of[s] if t < p.n_forward], queue),
-                               ([t for t in steps_of[s] if t >= p.n_forward], 0)):
-            if not steps:
-                continue
-            extra = []
-            for i in covering[s]:
-                ref = chain.options[i][0].timeline
-                at = local_at[i]
-                for o, v in zip(chain.options[i], x[i], strict=True):
-                    high = max(base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0) for t in steps)
-                    extra.append(-(-high // unit) * v)
-            m.add(kept + waiting + sum(extra) <= peak)
+        for highs, waiting in zip(chain.highs[s], (queue, 0), strict=True):
+            if highs is not None:
+                extra = [-(-h // unit) * v for i in covering[s] for h, v in zip(highs[i], x[i], strict=True)]
+                m.add(kept + waiting + sum(extra) <= peak)
         saved0 = [chain.options[i][0].saved for i in ending[s]]
         change = [(o.saved - s0) // unit * v for i, s0 in zip(ending[s], saved0, strict=True)
                   for o, v in zip(chain.options[i], x[i], strict=True) if o.saved != s0]
@@ -812,7 +830,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     budget = problem.budget
     stats: dict[str, float | int | str] = {"segments": len(chain.segments), "distinct": chain.distinct,
                                            "options": sum(len(o) for o in chain.options)}
-    best: tuple[Plan, Report, list[tuple[int, int]]] | None = None
+    best: tuple[Plan, Report] | None = None
     reserve = 0.0 if config.deterministic else chain.judge_s
     # One-segment spans first: a much smaller model, whose windows do not interleave, so
     # that it counts what the checker counts. Its plan then starts the search over all
@@ -866,7 +884,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 found[target if target is not None else 2**62] = chosen[0]
             if report.fits:
                 if better:
-                    best = (plan, report, chosen[0])
+                    best = (plan, report)
                 if singles and not retried and not chosen[2] and report.added_time > FAR * max(chosen[1], 0.0):
                     again = True  # far above the model's bound, or no bound proven
                     continue
@@ -905,7 +923,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     if best is None:
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=wall, solver="chain", stats=stats)
-    plan, report, _ = best
+    plan, report = best
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
                        bound=0.0, wall_time=wall, solver="chain", stats=stats)
 
