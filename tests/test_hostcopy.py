@@ -185,12 +185,11 @@ def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets() -> 
     assert r.plan is not None and r.report is not None and r.report.fits and r.report.n_offloaded
 
 
-def test_the_link_is_the_chain_levels_alone() -> None:
+def test_the_link_is_the_chain_levels_alone(deep_chain: chain.Chain) -> None:
     """No option offloads (every copy shares the one link, which only the chain level
     sees), and what the link may carry for the spans from a segment on shrinks to nothing
     at the forward's end."""
-    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2))
-    assert built is not None
+    built = deep_chain
     assert not any(d is OFF for opts in built.options for o in opts for d in o.decisions.values())
     rooms = chain.link_rooms(built)
     assert rooms[-1] == 0 and max(rooms) > 0
