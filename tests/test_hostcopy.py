@@ -171,13 +171,12 @@ def test_a_grouped_plan_keeps_its_schedule_with_its_inputs_offloaded() -> None:
     assert report.peak < grouped.report.peak and report.added_time == pytest.approx(grouped.report.added_time)
 
 
-def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets() -> None:
+def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets(deep_chain: chain.Chain) -> None:
     """On the deep GPT with a 1 GB/s link, the chain model's reference offloads the block
     inputs, so it plans at budgets where it had no plan without the link."""
     p, alone = deep(), deep_gpt()
     config = SolverConfig(time_limit=10.0, workers=2)
-    built = chain.build_chain(p, config)
-    assert built is not None
+    built = deep_chain
     assert built.reference.offloaded_bytes > 0 and built.reference.peak < every_segment_peak(alone)
     budget = int(0.7 * every_segment_peak(alone))
     assert chain.solve(alone.with_budget(budget), config).plan is None
