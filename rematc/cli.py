@@ -24,6 +24,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -178,8 +179,9 @@ def _model_source(p: argparse.ArgumentParser) -> None:
 
 
 def _planning(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", help="bytes, '512MiB', '2GB', or a fraction '40%%' of the save-all peak "
-                                    "(default: the budget in the problem file)")
+    p.add_argument("--budget", help="a size ('512MiB', '2GB', bytes; at least 1 KiB) or a fraction of the "
+                                    "save-all peak ('40%%', 0.4; 1.0 is 100%%) (default: the budget in "
+                                    "the problem file)")
     p.add_argument("--solver", choices=SOLVERS, default="cpsat")
     p.add_argument("--time-limit", type=_ranged(float, positive=True), default=60.0, help="seconds (CP-SAT)")
     p.add_argument("--workers", type=_ranged(int, high=MAX_WORKERS), default=0,
@@ -227,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torch is imported only for a model (a .pt2 or a factory) and the demo: a problem
     # file is planned without it, and a Ctrl-C during its import is one line too.
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_negative_values(sys.argv[1:] if argv is None else argv))
         if args.command == "demo":
             budgets = [None if b.lower() == "none" else b for b in args.budgets]
             for b in budgets:
@@ -252,6 +254,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         return EXIT_INTERRUPTED
+
+
+def _negative_values(argv: Sequence[str]) -> list[str]:
+    """``--budget -5GiB`` as ``--budget=-5GiB``: argparse takes a value that starts with
+    ``-`` for an option ("expected one argument"); joined, the value's own check says it
+    is negative."""
+    out: list[str] = []
+    for arg in argv:
+        if (out and out[-1].startswith("--") and out[-1] != "--" and "=" not in out[-1]
+                and re.match(r"^-\.?[0-9]", arg)):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def _error(message: str) -> None:

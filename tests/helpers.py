@@ -31,6 +31,7 @@ from rematc.models import (
 from rematc.options import Options
 from rematc.partition import RematPartitioner
 from solvers import InfeasibleBudgetError
+from solvers.budget import Budget
 
 # Small but not trivial: activations dominate the step, so budgets have room to bite.
 MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
@@ -77,7 +78,7 @@ def eager_and_compiled(name: str, *, budget: object, compiler: str) -> tuple[Ste
 def smallest_feasible_budget(name: str, *, compiler: str) -> int:
     """Ask for an impossible budget; the error says the smallest feasible one."""
     model, inputs = MODELS[name]()
-    compiled = rematc.compile(model, budget=1, compiler=compiler)
+    compiled = rematc.compile(model, budget=Budget(nbytes=1), compiler=compiler)
     try:
         compiled(*inputs).backward()
     except Exception as e:

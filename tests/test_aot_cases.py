@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import rematc
+from solvers.budget import Budget
 from tests.helpers import infeasible_cause
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -103,7 +104,7 @@ def test_smallest_budget_matches_eager(name: str) -> None:
 
     model, inputs = build(name)
     try:
-        loss_of(rematc.compile(model, budget=1, compiler="eager")(*inputs)).backward()
+        loss_of(rematc.compile(model, budget=Budget(nbytes=1), compiler="eager")(*inputs)).backward()
         raise AssertionError("a 1-byte budget was accepted")
     except Exception as e:
         err = infeasible_cause(e)
@@ -113,7 +114,7 @@ def test_smallest_budget_matches_eager(name: str) -> None:
     rematc.clear_records()
 
     model, inputs = build(name)
-    out = rematc.compile(model, budget=smallest, compiler="eager")(*inputs)
+    out = rematc.compile(model, budget=Budget(nbytes=smallest), compiler="eager")(*inputs)
     loss_of(out).backward()
     record = rematc.records()[-1]
     assert record.predicted_peak <= smallest and record.recomputed
@@ -160,8 +161,8 @@ def test_input_updated_in_place_is_never_read_by_a_recomputation(compiler: str) 
 
 
 @pytest.mark.parametrize("compiler", ["eager", pytest.param("inductor", marks=pytest.mark.inductor)])
-@pytest.mark.parametrize("budget", [None, 1])
-def test_gradient_passed_through_unchanged(compiler: str, budget: int | None) -> None:
+@pytest.mark.parametrize("budget", [None, Budget(nbytes=1)])
+def test_gradient_passed_through_unchanged(compiler: str, budget: Budget | None) -> None:
     """``y + f(x)`` returned as it is: the backward returns the incoming gradient as
     ``y``'s gradient, so a tangent has no reader inside the graph (it raised KeyError)."""
     torch.manual_seed(0)
@@ -179,8 +180,8 @@ def test_gradient_passed_through_unchanged(compiler: str, budget: int | None) ->
         compiled(x, y).square().sum().backward()
     except Exception as e:  # a 1-byte budget states the smallest; that one must work
         err = infeasible_cause(e)
-        assert budget == 1 and err is not None and err.min_feasible is not None, repr(e)
+        assert budget is not None and err is not None and err.min_feasible is not None, repr(e)
         torch._dynamo.reset()
-        compiled = rematc.compile(f, budget=err.min_feasible, compiler=compiler)
+        compiled = rematc.compile(f, budget=Budget(nbytes=err.min_feasible), compiler=compiler)
         compiled(x, y).square().sum().backward()
     torch.testing.assert_close([y.grad, layer.weight.grad], expected, rtol=RTOL, atol=ATOL)

@@ -11,7 +11,7 @@ from solvers.budget import Budget, format_bytes, parse_budget
 @pytest.mark.parametrize(
     ("text", "nbytes"),
     [
-        (0, 0),
+        (1024, 1024),  # the least byte budget
         (4096, 4096),
         ("512MiB", 512 * 2**20),
         ("2GB", 2 * 10**9),
@@ -44,6 +44,38 @@ def test_malformed(bad: object) -> None:
     with pytest.raises(ValueError, match="expected an int of bytes") as info:
         parse_budget(bad)
     assert repr(bad)[:10] in str(info.value) or str(bad) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        # 1 is one byte, not 100%; B is bytes, not billions: once silently a 1-byte budget
+        (1, r"budget 1 is 1 B, under 1 KiB: did you mean 100% \('1.0' or '100%'\) or '1GiB'\?"),
+        ("1", r"budget '1' is 1 B, under 1 KiB: did you mean 100%"),
+        ("1.5B", r"budget '1.5B' is 1 B, under 1 KiB: did you mean '1.5GiB' \(B is bytes, not billions\)\?"),
+        ("800", r"budget '800' is 800 B, under 1 KiB: did you mean '800GiB'\?"),
+        ("1023 B", r"is 1023 B, under 1 KiB"),
+        (0, r"budget 0 is 0 B, under 1 KiB: did you mean no limit \(give no budget\)"),
+        ("0.5KiB", r"is 512 B, under 1 KiB"),
+        # negative: argparse once took '-5GiB' for an option; now the budget says what it is
+        ("-5GiB", r"budget '-5GiB' is negative"),
+        ("-40%", r"budget '-40%' is negative"),
+        (-0.5, r"budget -0.5 is negative"),
+    ],
+)
+def test_slips_are_refused_with_a_guess(bad: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        parse_budget(bad)
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_a_tiny_byte_budget_on_purpose_is_a_budget_object() -> None:
+    """The refusal is parse_budget's: a Budget passes through whatever its bytes (a
+    synthetic problem, or an impossible budget whose error states the smallest)."""
+    assert parse_budget(Budget(nbytes=1)) == Budget(nbytes=1)
+    assert Options.from_mapping({"budget": Budget(nbytes=8)}).budget == Budget(nbytes=8)
+    with pytest.raises(ValueError, match="under 1 KiB"):
+        Options.from_mapping({"budget": 8})
 
 
 def test_format_bytes() -> None:

@@ -488,6 +488,12 @@ def test_random_layered_graphs_solve_with_recomputation_anywhere(capsys: pytest.
         (["solve", "{good}", "--budget", "lots"], "not understood"),
         (["solve", "{good}", "--budget", "150%"], "(0, 1]"),
         (["solve", "{good}", "--budget", "12 parsecs"], "unknown unit"),
+        # a 1-byte budget once: 1 is not 100%, B is not billions
+        (["solve", "{good}", "--budget", "1"], "budget '1' is 1 B, under 1 KiB: did you mean 100% ('1.0' or '100%')"),
+        (["solve", "{good}", "--budget", "1.5B"], "did you mean '1.5GiB' (B is bytes, not billions)?"),
+        # argparse took '-5GiB' for an option: "expected one argument"
+        (["solve", "{good}", "--budget", "-5GiB"], "budget '-5GiB' is negative"),
+        (["explain", "{good}", "--budget", "-40%"], "budget '-40%' is negative"),
         (["solve", "{good}"], "no budget"),
         (["solve", "{good}", "--budget", "1MiB", "--solver", "magic"], "invalid choice"),
         (["solve", "{good}", "--budget", "1MiB", "--time-limit", "-1"], "positive float"),

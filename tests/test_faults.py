@@ -14,6 +14,7 @@ import rematc
 import rematc.partition
 from rematc.options import Options
 from solvers import SolveResult, Status
+from solvers.budget import Budget
 from tests.helpers import MODELS, assert_same_step, eager_and_compiled, run_step
 
 
@@ -153,7 +154,7 @@ def test_solver_exception_is_typed_with_its_cause(monkeypatch: pytest.MonkeyPatc
         ({"cache_dir": 3}, r"'cache_dir' must be a directory path, 'auto', 'off' or None, got 3"),
         ({"cache_dir": " "}, "'cache_dir' is an empty string"),
         ({"compiler": "tvm"}, r"'compiler' must be one of \('inductor', 'eager'\), got 'tvm'"),
-        ({"budget": -5}, "budget -5 is negative; expected an int of bytes"),
+        ({"budget": -5}, "budget -5 is negative: a budget is a size of at least 1 KiB"),
         ({"budget": 1.5}, r"must lie in \(0, 1\]"),
         ({1: 2}, "option names must be strings"),
     ],
@@ -257,5 +258,5 @@ def test_a_graph_without_backward_over_budget_is_infeasible_not_planned() -> Non
         node("y", 2, size=1), node("c", 0, 1, 3, size=1)), budget=8)
     assert solve(problem).plan is not None  # recomputing a before c fits, in one phase
     with pytest.raises(InfeasibleBudgetError) as info:
-        rematc.partition.plan_for(problem, Options.from_mapping({"budget": 8}))
+        rematc.partition.plan_for(problem, Options.from_mapping({"budget": Budget(nbytes=8)}))
     assert info.value.min_feasible == 12

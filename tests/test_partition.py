@@ -8,6 +8,7 @@ from rematc.options import Options
 from rematc.partition import plan_for
 from solvers import save_all
 from solvers.baselines import free_recompute
+from solvers.budget import Budget
 from solvers.problem import chain_problem
 
 # f1, f3, f5 cost one launch (fused pointwise ops): recomputing them is (almost) free.
@@ -16,7 +17,7 @@ CHAIN = chain_problem([4] * 8, [1.0, 0.01, 1.0, 0.01, 1.0, 0.01, 1.0, 1.0])
 
 def _plan(budget: int | None, compiler: str):  # type: ignore[no-untyped-def]
     problem = CHAIN.with_budget(budget)
-    return plan_for(problem, Options.from_mapping({"budget": budget, "compiler": compiler})).result
+    return plan_for(problem, Options.from_mapping({"budget": budget and Budget(nbytes=budget), "compiler": compiler})).result
 
 
 def test_the_chain_has_a_free_plan_below_saving_everything() -> None:

@@ -17,6 +17,7 @@ import torch
 
 import rematc
 from rematc.memory import profiler_peak
+from solvers.budget import Budget
 from tests.helpers import infeasible_cause
 from tests.realmodels import MODELS, Example
 
@@ -86,7 +87,7 @@ def budget_for(name: str, variant: str, compiler: str) -> object:
         return None if variant == "checkpointing" else "70%"
     model, inputs = build(name, variant)
     try:
-        rematc.compile(model, budget=1, compiler=compiler, time_limit=TIME_LIMIT)(*inputs).backward()
+        rematc.compile(model, budget=Budget(nbytes=1), compiler=compiler, time_limit=TIME_LIMIT)(*inputs).backward()
     except Exception as e:
         err = infeasible_cause(e)
         assert err is not None and err.min_feasible is not None, repr(e)

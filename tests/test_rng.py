@@ -15,6 +15,7 @@ from torch import nn
 
 import rematc
 from rematc.annotate import is_random
+from solvers.budget import Budget
 from tests.helpers import infeasible_cause
 
 
@@ -48,7 +49,7 @@ def test_recomputed_dropout_replays_the_forward_mask() -> None:
     model = DropoutNet()
     try:
         h = torch.randn(512, 64, requires_grad=True)
-        rematc.compile(model, budget=1, compiler="inductor")(h)[0].backward()
+        rematc.compile(model, budget=Budget(nbytes=1), compiler="inductor")(h)[0].backward()
     except Exception as e:
         err = infeasible_cause(e)
         assert err is not None and err.min_feasible is not None
