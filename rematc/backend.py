@@ -249,12 +249,21 @@ def compile(
     The options are those of ``torch.compile(..., options=...)`` for rematc
     (:meth:`Options.from_mapping`; the solver's left as None take their defaults);
     ``dynamic`` and ``fullgraph`` go to ``torch.compile``. An unknown keyword raises
-    ``ValueError`` naming the closest option."""
+    ``ValueError`` naming the closest option, and so does ``budget="auto"`` for a module
+    whose parameters and buffers are all on the CPU or meta (no accelerator to read)."""
     solver = {"time_limit": time_limit, "workers": workers, "seed": seed, "gap": gap,
               "step_gap": step_gap, "stall_time": stall_time, "deterministic": deterministic}
     opts = Options.from_mapping({
         "budget": budget, "compiler": compiler, "device": device, "host_bandwidth": host_bandwidth,
         "verify": verify, "cache_dir": cache_dir,
         **{k: v for k, v in solver.items() if v is not None}, **unknown})
+    if opts.budget is not None and opts.budget.automatic and isinstance(model, torch.nn.Module):
+        # Said now, not as torch's BackendCompilerFailed at the first call (resolve_auto_budget).
+        devices = {t.device.type for t in (*model.parameters(), *model.buffers())}
+        if devices and devices <= {"cpu", "meta"}:
+            where = " and ".join("the CPU" if d == "cpu" else d for d in sorted(devices))
+            raise ValueError(f"budget='auto' is the free memory of the accelerator the model runs on, and "
+                             f"this model's parameters are on {where}: give the budget in bytes ('2GiB') "
+                             f"or as a fraction ('40%')")
     return cast(Callable[..., Any],
                 torch.compile(model, backend=Backend(opts), dynamic=dynamic, fullgraph=fullgraph))

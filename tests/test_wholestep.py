@@ -274,8 +274,15 @@ def test_auto_is_resolved_from_the_devices_free_memory_and_recorded() -> None:
 
 
 def test_auto_on_the_cpu_says_what_to_give_instead() -> None:
-    model = nn.Linear(8, 8)
-    compiled = rematc.compile(model, budget="auto", compiler="eager", cache_dir=None)
+    """A module on the CPU: a ValueError from rematc.compile, as the README states (it was
+    torch's BackendCompilerFailed at the first call). A function's device shows only in
+    its inputs: said when its graph compiles."""
+    with pytest.raises(ValueError, match="this model's parameters are on the CPU: give the budget in bytes"):
+        rematc.compile(nn.Linear(8, 8), budget="auto", compiler="eager", cache_dir=None)
+    with torch.device("meta"), pytest.raises(ValueError, match="parameters are on meta: give the budget"):
+        rematc.compile(nn.Linear(8, 8), budget="auto", compiler="eager", cache_dir=None)
+    layer = nn.Linear(8, 8)
+    compiled = rematc.compile(lambda x: layer(x), budget="auto", compiler="eager", cache_dir=None)
     with pytest.raises(Exception, match="inputs are on the CPU: give the budget in bytes"):
         compiled(torch.randn(2, 8, requires_grad=True)).sum().backward()
 
