@@ -191,34 +191,45 @@ class _Walk:
 
     def run(self, source: str, args: list[Any]) -> list[Any]:
         call = _call_function(source)
+        # Split once: ast.get_source_segment splits the whole source at every call, which
+        # made this walk quadratic in the graph's size.
+        self.lines = source.split("\n")
         self.globals = _namespace()
         self.env["args"] = args
-        self._note("start")
-        result = self._body(call.body, source)
+        self._note(None)
+        result = self._body(call.body)
         return list(result) if isinstance(result, list | tuple) else [result]
 
-    def _body(self, body: list[ast.stmt], source: str) -> Any:
+    def _body(self, body: list[ast.stmt]) -> Any:
         for stmt in body:
             if isinstance(stmt, ast.With):
-                result = self._body(stmt.body, source)
+                result = self._body(stmt.body)
                 if "<return>" in self.env:
                     return result
                 continue
             try:
-                returned, value = self._statement(stmt, source)
+                returned, value = self._statement(stmt)
             except Exception as e:  # name the statement, so that a failed walk can be followed up
-                line = (ast.get_source_segment(source, stmt) or "").splitlines()[0][:120]
-                raise WalkError(f"{self.graph}, line {stmt.lineno}: {line}: {type(e).__name__}: {e}") from e
+                raise WalkError(f"{self.graph}, line {stmt.lineno}: {self._text(stmt)[:120]}: "
+                                f"{type(e).__name__}: {e}") from e
             if returned:
                 return value
         return None
 
-    def _statement(self, stmt: ast.stmt, source: str) -> tuple[bool, Any]:
+    def _text(self, stmt: ast.stmt | None) -> str:
+        """The first line of ``stmt``'s source (``start`` before the first statement)."""
+        if stmt is None:
+            return "start"
+        if not 0 < stmt.lineno <= len(self.lines):
+            return type(stmt).__name__.lower()
+        return self.lines[stmt.lineno - 1][stmt.col_offset:].strip()
+
+    def _statement(self, stmt: ast.stmt) -> tuple[bool, Any]:
         """Run one statement other than a ``with``: (True, its value) where it returns."""
         if isinstance(stmt, ast.Return):
             value = self._eval(stmt.value) if stmt.value is not None else None
             self.env["<return>"] = value
-            self._note(ast.get_source_segment(source, stmt) or "return")
+            self._note(stmt)
             return True, value
         if isinstance(stmt, ast.Assign):
             self._assign(stmt)
@@ -228,7 +239,7 @@ class _Walk:
                     self.env.pop(target.id, None)
         else:
             return False, None
-        self._note((ast.get_source_segment(source, stmt) or "").splitlines()[0][:160])
+        self._note(stmt)
         return False, None
 
     def _assign(self, stmt: ast.Assign) -> None:
@@ -257,7 +268,7 @@ class _Walk:
         code = compile(ast.Expression(node), "<generated>", "eval")
         return eval(code, self.globals, self.env)
 
-    def _note(self, statement: str) -> None:
+    def _note(self, stmt: ast.stmt | None) -> None:
         storages: dict[int, tuple[str, int]] = {}
         for name, value in [*self.env.items(), *(("<output>", v) for v in self.kept)]:
             if name == "args":
@@ -269,7 +280,7 @@ class _Walk:
                     storages[key] = (name, self.created[key].nbytes())
         live = sum(n for _, n in storages.values())
         if live > self.peak:
-            self.peak, self.at = live, statement
+            self.peak, self.at = live, self._text(stmt)[:160]
             self.alive = tuple(sorted(storages.values(), key=lambda p: -p[1])[:ALIVE_SHOWN])
 
 
