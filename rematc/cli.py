@@ -43,7 +43,8 @@ from solvers import (
     check,
     save_all,
 )
-from solvers.budget import format_bytes, parse_budget
+from solvers.budget import MIN_BYTES, format_bytes, parse_budget, parse_size
+from solvers.problem import MAX_BYTES, MAX_BYTES_TEXT
 from solvers.sat import MAX_SEED, MAX_WORKERS
 
 if TYPE_CHECKING:
@@ -725,16 +726,27 @@ def _plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _memory(text: str) -> int:
+    """``--memory``: bytes of device memory per rank, from 1 KiB (a bare ``80`` is a slip)."""
+    example = "give bytes per rank, e.g. 80GiB, 81559MiB or 85520809984"
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise UsageError(f"--memory {e}; {example}") from None
+    if size is None:
+        raise UsageError(f"--memory {text!r} is not a size: {example}")
+    if size <= 0:
+        raise UsageError(f"--memory {text!r} is {'zero' if size == 0 else 'negative'}: {example}")
+    if not size <= MAX_BYTES:
+        raise UsageError(f"--memory {text!r} is over {MAX_BYTES_TEXT}: {example}")
+    if size < MIN_BYTES:
+        raise UsageError(f"--memory {text!r} is {math.floor(size)} B, under 1 KiB: did you mean "
+                         f"'{text.strip()}GiB'?")
+    return math.floor(size)
+
+
 def _fit(args: argparse.Namespace) -> int:
-    memory = None
-    if args.memory is not None:
-        try:
-            memory = parse_budget(args.memory).nbytes
-        except ValueError:
-            memory = None
-        if memory is None:
-            raise UsageError(f"--memory {args.memory!r} is not a size: give bytes per rank, "
-                             "e.g. 80GiB, 81559MiB or 85520809984")
+    memory = None if args.memory is None else _memory(args.memory)
     if args.plot:
         try:
             import matplotlib  # noqa: F401

@@ -143,9 +143,13 @@ def fit(source: Factory | Any, *, device: str | DeviceProfile, memory: int | Non
     (:meth:`rematc.trace.Traced.at_sizes`), not a new trace. A shape at which a branch the
     trace took on its sizes does not hold is traced on its own."""
     profile = profile_for(device)
+    if memory is not None and memory <= 0:
+        raise FitError(f"memory {memory} B per rank is not positive: give the device's memory in bytes, "
+                       "e.g. 80 * 2**30")
     memory = memory if memory is not None else profile.memory
     if not memory:
-        raise FitError(f"the {profile.name} profile states no device memory; give the memory per rank")
+        raise FitError(f"the {profile.name} profile states no device memory; give the memory per rank "
+                       "(--memory, e.g. 64GiB)")
     build = _builder(source)
     # Dynamo specializes a dimension of size 1: a symbolic batch is traced at batch >= 2.
     # The trace is at the longest sequence, where tables sliced to the sequence (rotary)
@@ -389,10 +393,62 @@ def load_config(path: str) -> Any:
         raise FitError(f"{file} is not JSON: {e.msg} at line {e.lineno}") from e
     if not isinstance(data, dict) or "model_type" not in data:
         raise FitError(f"{file}: a transformers config needs the field 'model_type'")
+    model_type = data["model_type"]
+    if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
+        raise FitError(f"{file}: 'model_type' {model_type!r} is not a model type transformers "
+                       f"{transformers.__version__} knows")
+    check_shape(data, transformers.CONFIG_MAPPING[model_type], file)
     try:
         return transformers.AutoConfig.for_model(**data)
-    except (ValueError, KeyError, TypeError) as e:
-        raise FitError(f"{file}: {str(e).splitlines()[0]}") from e
+    # Besides ValueError and TypeError, huggingface_hub's StrictDataclass*ValidationError,
+    # which derive from Exception alone (a field of the wrong type, a failed validator).
+    except Exception as e:
+        raise FitError(f"{file}: {' '.join(str(e).split())}") from e
+
+
+# The shape fields a fit needs stated: transformers' defaults are one model's (Llama-2-7B's
+# hidden size 4096), silently another model. Each is a whole number from 1.
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
+
+
+def check_shape(data: dict[str, Any], config_class: Any, file: str) -> None:
+    """Raise :class:`FitError` naming the field where a shape field of ``data`` (a config's
+    JSON) is missing, not a whole number from 1, or does not divide as attention needs.
+    A field is looked up under its own name and its model's (``n_embd`` for GPT-2's
+    ``hidden_size``, by the config class's ``attribute_map``); ``intermediate_size`` only
+    where the class has one (GPT-2's ``n_inner`` defaults to 4 x hidden). A multimodal
+    config's shape is its ``text_config``'s."""
+    text = data.get("text_config")
+    sub = getattr(config_class, "sub_configs", {}).get("text_config")
+    if isinstance(text, dict) and sub is not None and not any(f in data for f in SHAPE_FIELDS):
+        check_shape(text, sub, f"{file}: text_config")
+        return
+    aliases = getattr(config_class, "attribute_map", {})
+    try:
+        default = vars(config_class())
+    except Exception:  # a config that needs its parts: no defaults to name
+        default = {}
+    values: dict[str, int] = {}
+    for field in SHAPE_FIELDS:
+        names = [n for n in (field, aliases.get(field)) if n is not None]
+        if field == "intermediate_size" and not any(n in default for n in names):
+            continue
+        given = [n for n in names if n in data]
+        if not given:
+            fallback = next((default[n] for n in names if n in default), None)
+            raise FitError(f"{file}: the field '{names[-1]}' is missing: rematc fit needs the model's shape "
+                           f"stated, not transformers' default ({fallback!r})")
+        value = data[given[0]]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FitError(f"{file}: '{given[0]}' must be a whole number from 1, got {value!r}")
+        values[field] = value
+    heads, kv = values["num_attention_heads"], data.get("num_key_value_heads")
+    if "head_dim" not in data and values["hidden_size"] % heads:
+        raise FitError(f"{file}: 'num_attention_heads' {heads} does not divide 'hidden_size' "
+                       f"{values['hidden_size']} (or state 'head_dim')")
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or heads % kv):
+        raise FitError(f"{file}: 'num_key_value_heads' must be a whole number from 1 that divides "
+                       f"'num_attention_heads' {heads}, got {kv!r}")
 
 
 class CausalLMLoss(nn.Module):
@@ -432,7 +488,7 @@ def causal_lm(config: Any, *, batch: int, seq: int) -> tuple[nn.Module, tuple[Te
     with torch.device("meta"), _quiet("transformers"):
         try:
             inner = transformers.AutoModelForCausalLM.from_config(config)
-        except ValueError as e:
+        except (ValueError, TypeError, RuntimeError) as e:
             raise FitError(f"transformers cannot build a causal LM from this config: "
                            f"{str(e).splitlines()[0]}") from e
         tokens = torch.zeros(batch, seq, dtype=torch.long)
@@ -455,6 +511,14 @@ def _size(n: int | float) -> str:
     return format_bytes(n)
 
 
+def count(n: int) -> str:
+    """A count in thousands, millions or billions: ``'7.00 B'``, ``'1.2 M'``, ``'830'``."""
+    for scale, unit, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return str(n)
+
+
 # ---- reports -------------------------------------------------------------------------
 
 
@@ -463,7 +527,7 @@ def describe(report: FitReport) -> list[str]:
     s = report.setup
     fsdp = f", FSDP over {s.fsdp} ranks" if s.fsdp > 1 else ""
     lines = [f"{report.source} on {report.device} ({_size(report.memory)} per rank): "
-             f"{report.parameters / 1e9:.2f} B parameters, {s.optimizer}, {s.precision}{fsdp}, "
+             f"{count(report.parameters)} parameters, {s.optimizer}, {s.precision}{fsdp}, "
              f"reserve {s.reserve:.0%}", ""]
     unit, scale = ("GiB", 2**30) if report.memory >= 2**30 else ("MiB", 2**20)
     head = (f"{'batch':>5} {'seq':>7}  {'strategy':<24} {'peak ' + unit:>9} {'params':>7} {'grads':>7} "

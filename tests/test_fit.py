@@ -12,7 +12,16 @@ import pytest
 import torch
 
 from rematc.cli import main
-from rematc.fit import STRATEGIES, FitError, causal_lm, fit, load_config, load_fit_factory
+from rematc.fit import (
+    STRATEGIES,
+    FitError,
+    causal_lm,
+    count,
+    describe,
+    fit,
+    load_config,
+    load_fit_factory,
+)
 from rematc.llama import llama_tiny
 from rematc.wholestep import StepSetup
 from solvers import Problem, SolverConfig
@@ -88,6 +97,28 @@ def test_a_transformers_config_is_built_on_meta_with_fused_causal_attention(tmp_
     assert shape.values > 100
 
 
+def test_a_gpt2_config_states_its_shape_in_its_own_names(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+                                "vocab_size": 64}))
+    assert load_config(str(path)).hidden_size == 64
+
+
+def test_parameter_counts_are_in_sensible_units() -> None:
+    """A small model's count was "0.00 B parameters"."""
+    assert [count(n) for n in (830, 106_752, 1_234_567, 6_738_415_616)] == ["830", "106.8 K", "1.2 M", "6.74 B"]
+    report = fit(llama_tiny, device="h100", memory=100_000, setup=GPU, batches=(2,), seqs=(16,), name="tiny")
+    assert f"{count(report.parameters)} parameters" in describe(report)[0]
+    assert report.parameters < 10**6 and "0.00 B" not in describe(report)[0]
+
+
+def test_memory_must_be_positive() -> None:
+    with pytest.raises(FitError, match="memory 0 B per rank is not positive"):
+        fit(llama_tiny, device="h100", memory=0, batches=(2,), seqs=(16,))
+    with pytest.raises(FitError, match="the cpu profile states no device memory; give the memory per rank"):
+        fit(llama_tiny, device="cpu", batches=(2,), seqs=(16,))
+
+
 def test_a_factory_must_take_batch_and_seq() -> None:
     with pytest.raises(FitError, match="must take the keyword arguments batch and seq"):
         load_fit_factory("rematc.llama:make_llama")
@@ -123,8 +154,12 @@ def test_fit_exits_1_when_nothing_fits(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.parametrize("args, message", [
     (["--optimizer", "lion"], "invalid choice: 'lion'"),
-    (["--memory", "80 gigs"], "is not a size"),
+    (["--memory", "80 gigs"], "has unknown unit 'gigs'"),
     (["--memory", "50%"], "is not a size"),
+    # said "the h100 profile states no device memory"
+    (["--memory", "0"], "--memory '0' is zero: give bytes per rank"),
+    (["--memory", "-80GiB"], "--memory '-80GiB' is negative"),
+    (["--memory", "80"], "--memory '80' is 80 B, under 1 KiB: did you mean '80GiB'?"),
     (["--batch", "1,x"], "whole numbers"),
 ])
 def test_bad_options_get_one_line_and_exit_2(args: list[str], message: str,
@@ -134,10 +169,28 @@ def test_bad_options_get_one_line_and_exit_2(args: list[str], message: str,
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+def _config(**changes: object) -> str:
+    return json.dumps({k: v for k, v in {**TINY_LLAMA_CONFIG, **changes}.items() if v is not None})
+
+
 @pytest.mark.parametrize("text, message", [
     ("{not json", "is not JSON"),
     ('{"hidden_size": 8}', "needs the field 'model_type'"),
     ('{"model_type": "no-such-model"}', "config.json"),
+    # each was a traceback and exit 1 ("nothing fits"), or accepted
+    (_config(hidden_size="big"), "'hidden_size' must be a whole number from 1, got 'big'"),
+    (_config(num_attention_heads=5), "'num_attention_heads' 5 does not divide 'hidden_size' 64"),
+    (_config(num_key_value_heads=3), "'num_key_value_heads' must be a whole number from 1 that divides"),
+    (_config(vocab_size=-3), "'vocab_size' must be a whole number from 1, got -3"),
+    (_config(num_hidden_layers=0), "'num_hidden_layers' must be a whole number from 1, got 0"),
+    (_config(num_hidden_layers=-2), "'num_hidden_layers' must be a whole number from 1, got -2"),
+    (_config(num_hidden_layers=2.5), "'num_hidden_layers' must be a whole number from 1, got 2.5"),
+    # silently transformers' defaults: Llama-2-7B's hidden size and MLP
+    (_config(hidden_size=None), "the field 'hidden_size' is missing: rematc fit needs the model's shape "
+                                "stated, not transformers' default (4096)"),
+    (_config(intermediate_size=None), "the field 'intermediate_size' is missing"),
+    (json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "vocab_size": 64}),
+     "the field 'n_embd' is missing"),
 ])
 def test_a_config_that_does_not_parse_gets_one_line_and_exit_2(
         tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
