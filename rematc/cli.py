@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 # greedy; save_all.
 SOLVERS = ("cpsat", "chain", "checkpoint", "checkpoint-2", "checkpoint-4", "selective", "multilevel", "greedy",
            "save_all")
+# The baselines: their plan is the same at every budget, so with none they show their own
+# peak and time.
+FIXED_PLANS = ("checkpoint", "checkpoint-2", "checkpoint-4", "selective", "save_all")
 DEVICES = ("cpu", "a100", "h100", "h200", "l4")  # rematc.devices.PROFILES
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # rematc.trace.DTYPES
 TARGETS = ("inductor", "eager")  # rematc.trace.TARGETS
@@ -271,6 +274,24 @@ def _negative_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def print_json(value: Any, *, indent: int | None = None) -> None:
+    """Print ``value`` as strict JSON, the only way ``--json`` output is written: NaN and
+    Infinity are no JSON numbers (``json.dumps`` writes them, strict parsers refuse them),
+    so every non-finite float is written as null."""
+    print(json.dumps(finite(value), indent=indent, allow_nan=False))
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float in its dicts, lists and tuples replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def _error(message: str) -> None:
     print(f"rematc: error: {message}", file=sys.stderr)
 
@@ -344,11 +365,15 @@ class Budgeted:
 
 
 def with_budget(problem: Problem, args: argparse.Namespace) -> Budgeted:
+    """The problem at ``--budget``, else at its file's budget; a baseline (``FIXED_PLANS``)
+    runs without one, every other solver needs one."""
     before = save_all(problem.with_budget(None)).report
     assert before is not None
+    budget: int | None
     if args.budget is None:
-        if problem.budget is None:
-            raise UsageError("no budget: pass --budget (e.g. --budget 40% or --budget 512MiB)")
+        if problem.budget is None and args.solver not in FIXED_PLANS:
+            raise UsageError(f"no budget: pass --budget (e.g. --budget 40% or --budget 512MiB); "
+                             f"without one only the baselines run ({', '.join(FIXED_PLANS)})")
         budget = problem.budget
     else:
         budget = parse_budget(args.budget).resolve(before.peak)
@@ -463,7 +488,7 @@ def _solve(args: argparse.Namespace) -> int:
         dump(args.dump_dir, source, problem, result.plan, solved.model)
     summary = summarize(problem, b.unconstrained, solved)
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         _print_summary(problem, summary, source=args.source)
     if solved.interrupted:
@@ -645,16 +670,16 @@ def _explain(args: argparse.Namespace) -> int:
     if args.limit:
         rows = rows[: args.limit]
     if args.json:
-        print(json.dumps({"budget": problem.budget, "peak": report.peak, "peak_step": report.peak_step,
-                          "added_time": report.added_time, "time_unit": unit,
-                          "values": [{**dataclasses.asdict(r), "decision": r.decision.value,
-                                      "shape": shapes.get(r.name, "-")} for r in rows]}))
+        print_json({"budget": problem.budget, "peak": report.peak, "peak_step": report.peak_step,
+                    "added_time": report.added_time, "time_unit": unit,
+                    "values": [{**dataclasses.asdict(r), "decision": r.decision.value,
+                                "shape": shapes.get(r.name, "-")} for r in rows]})
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"rematc explain {problem.name}: peak {format_bytes(report.peak)} at step "
-                        f"{report.peak_step}, budget {format_bytes(problem.budget or 0)}, "
+                        f"{report.peak_step}, budget {_opt(problem.budget, format_bytes)}, "
                         f"+{_fmt_time(report.added_time, unit)}")
     for col, justify in (("#", "right"), ("value", "left"), ("decision", "left"), ("op", "left"),
                          ("dtype[shape]", "left"), ("bytes", "right"), ("recompute", "right"),
@@ -675,9 +700,9 @@ def _explain_infeasible(problem: Problem, b: Budgeted, e: InfeasibleBudgetError,
     low = min_feasible_peak(problem, b.config)
     rows = culprits(problem, low.plan, low.report) if low.plan and low.report else []
     if json_out:
-        print(json.dumps({"budget": problem.budget, "feasible": False, "min_feasible": e.min_feasible,
-                          "culprits": [{**dataclasses.asdict(c), "shape": shapes.get(c.name, "-")}
-                                       for c in rows]}))
+        print_json({"budget": problem.budget, "feasible": False, "min_feasible": e.min_feasible,
+                    "culprits": [{**dataclasses.asdict(c), "shape": shapes.get(c.name, "-")}
+                                 for c in rows]})
         return EXIT_NO_PLAN
     from rich.console import Console
     from rich.table import Table
@@ -772,7 +797,7 @@ def _fit(args: argparse.Namespace) -> int:
                          config=(fitting.DEFAULT_CONFIG if args.time_limit is None
                                  else SolverConfig(time_limit=args.time_limit)))
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json(), indent=2)
     else:
         print("\n".join(fitting.describe(report)))
     if args.plot:

@@ -237,6 +237,48 @@ def test_plot_and_dump_model(model_files: tuple[Path, Path], tmp_path: Path,
     assert "def forward" in (d / "backward.py").read_text()
 
 
+@pytest.mark.parametrize("solver", ["checkpoint", "checkpoint-2", "checkpoint-4", "selective", "save_all"])
+def test_a_baseline_needs_no_budget(solver: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A baseline's plan is the same at every budget: without one it shows its own peak
+    and time (it said "no budget: pass --budget")."""
+    path = tmp_path / "p.json"
+    save_problem(hard_problem(12), path)
+    rc, out, err = run(capsys, "solve", path, "--solver", solver, "--json")
+    summary = json.loads(out)
+    assert rc == 0, err
+    assert summary["budget"] is None and summary["plan"] is not None
+    assert 0 < summary["peak_after"] <= summary["peak_before"] and summary["added_time"] >= 0
+    rc, out, _ = run(capsys, "solve", path, "--solver", solver)
+    assert rc == 0 and "peak after" in out
+    rc, _, err = run(capsys, "solve", path, "--solver", "greedy")
+    assert_one_line_error(rc, err)
+    assert "no budget: pass --budget" in err and "only the baselines run" in err
+
+
+def _strict(text: str) -> object:
+    def refuse(constant: str) -> object:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "{good}", "--budget", "1KiB", "--solver", "checkpoint", "--json"],
+    ["explain", "{good}", "--budget", "1KiB", "--json", *FAST],
+    ["fit", "rematc.llama:llama_tiny", "--memory", "10KiB", "--batch", "1", "--seq", "16", "--json"],
+], ids=["solve without a plan", "explain infeasible", "fit where nothing fits"])
+def test_json_output_is_strict_where_nothing_fits(argv: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """No NaN or Infinity, which json.dumps writes and strict parsers refuse (fit's step
+    time where no plan was found was NaN): null instead."""
+    good = tmp_path / "good.json"
+    save_problem(hard_problem(12), good)
+    rc, out, _ = run(capsys, *[a.format(good=good) for a in argv])
+    assert rc == 1 and isinstance(_strict(out), dict)
+    if argv[0] == "fit":
+        assert "NaN" not in out and "null" in out
+
+
 # ---- Ctrl-C -------------------------------------------------------------------------
 
 
