@@ -16,7 +16,9 @@ another key or format, or whose plan the checker rejects for this problem (inval
 over budget) is logged, ignored and overwritten by the next solve. Writes go to a
 temporary file in the same directory and are renamed into place (``os.replace`` is
 atomic on POSIX and Windows), so concurrent writers of one key leave one whole entry,
-never a mix.
+never a mix. Entries get the mode the umask gives a new file (``0666 & ~umask``), as
+``open`` would: a cache directory shared by a group is readable by it (``mkstemp``'s
+0600 made every entry its writer's alone).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 import logging
 import os
 import pathlib
-import tempfile
+import secrets
 from importlib import metadata
 from typing import Any
 
@@ -124,7 +126,8 @@ def store(root: pathlib.Path, digest: str, result: SolveResult) -> None:
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:16]}.", suffix=".tmp")
+        tmp = str(path.parent / f".{digest[:16]}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
         with os.fdopen(fd, "w") as f:
             json.dump(entry, f, sort_keys=True)
             f.flush()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import pathlib
+import stat
 
 import pytest
 import torch
@@ -91,6 +93,24 @@ def test_stale_plan_over_budget_is_ignored(tmp_path: pathlib.Path) -> None:
     loose = solve(_problem(budget=1000), CONFIG)  # saves everything: over 90 B
     plancache.store(tmp_path, digest, loose)
     assert plancache.load(tmp_path, digest, problem) is None
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_entries_get_the_mode_the_umask_gives(tmp_path: pathlib.Path, umask: int) -> None:
+    """As ``open`` would create them, so a shared cache directory is readable by the
+    others the umask lets read it (mkstemp's 0600 let none)."""
+    problem = _problem()
+    digest = plancache.key(problem, CONFIG)
+    result = solve(problem, CONFIG)
+    old = os.umask(umask)
+    try:
+        plancache.store(tmp_path, digest, result)
+    finally:
+        os.umask(old)
+    path = plancache._path(tmp_path, digest)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [path]  # no temporary file left
+    assert plancache.load(tmp_path, digest, problem) is not None
 
 
 def _writer(root: str, rounds: int) -> None:
