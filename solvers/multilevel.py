@@ -46,7 +46,8 @@ than the next reads, ends a group. The composed plan goes to the checker, which 
 judge; where it finds the plan over budget (the model's :math:`E_s` are the reference
 plan's, not the grouped plan's), the split is searched again with the budget lowered by
 the excess (below the split's own figure where the same split comes back), up to
-``TIGHTEN`` times.
+``TIGHTEN`` times. Where the model fits no split, the split into single segments (the
+least cost of any: no sweeps) goes to the checker as it is.
 
 Recomputing each segment's values twice is what pays at budgets below checkpointing every
 segment, where every single-recomputation plan holds at least one group's values at once;
@@ -66,7 +67,7 @@ import numpy as np
 
 from solvers.baselines import decisions_with, plan_with
 from solvers.chain import Segment, find_segments
-from solvers.checker import check, unread_entries, value_intervals
+from solvers.checker import Report, check, unread_entries, value_intervals
 from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
@@ -281,7 +282,8 @@ def compose(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
     """The cheapest grouped plan within ``problem.budget`` that the checker accepts, or
-    status UNKNOWN and no plan (no chain, no budget, or no split fits). ``chain``: the
+    status UNKNOWN and no plan (no chain, no budget, or no split fits: neither one the
+    model fits nor, where it fits none, every segment a group of its own). ``chain``: the
     problem's chain, already measured. Status FEASIBLE: the model's optimum is not the
     flat problem's (no bound is claimed)."""
     t0 = time.perf_counter()
@@ -297,15 +299,28 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             plan = compose(problem, chain, groups)
             report = check(problem, plan)
             if report.fits:
-                return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
-                                   bound=0.0, wall_time=time.perf_counter() - t0, solver="multilevel",
-                                   stats={"groups": len(groups), "longest_group": max(e - a + 1 for a, e in groups)})
+                return _found(plan, report, groups, t0)
             target -= report.peak - budget
             if tuple(groups) in tried:  # the same split again: below what the model gives it
                 target = min(target, model_peak(chain, groups) - 1)
             tried.add(tuple(groups))
+        # The model's figures are bounds (kept inputs rounded up to whole units; a segment's
+        # input counted over all its steps, though the checker frees it at its last read):
+        # where it refuses every split, the cheapest of all, every segment a group, may still
+        # fit. At the save-all peak (a budget of 100%) it refused an MLP's, which fits.
+        singles = [(s, s) for s in range(chain.n)]
+        plan = compose(problem, chain, singles)
+        report = check(problem, plan)
+        if report.fits:
+            return _found(plan, report, singles, t0)
     return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                        wall_time=time.perf_counter() - t0, solver="multilevel")
+
+
+def _found(plan: Plan, report: Report, groups: Sequence[tuple[int, int]], t0: float) -> SolveResult:
+    return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
+                       bound=0.0, wall_time=time.perf_counter() - t0, solver="multilevel",
+                       stats={"groups": len(groups), "longest_group": max(e - a + 1 for a, e in groups)})
 
 
 def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rematc
 import rematc.partition
-from rematc.models import GPTConfig, make_gpt
+from rematc.models import GPTConfig, MLPConfig, make_gpt, make_mlp
 from rematc.options import Options
 from rematc.partition import Planned
 from rematc.trace import trace
@@ -31,6 +31,7 @@ from solvers import (
     check,
     cpsat,
     multilevel,
+    save_all,
 )
 from solvers.baselines import checkpoint_every
 from solvers.plan import Step
@@ -177,6 +178,22 @@ def test_a_larger_budget_never_costs_more() -> None:
     found = [multilevel.solve(problem.with_budget(int(top * f))) for f in (0.7, 0.8, 0.9, 1.0)]
     costs = [r.objective for r in found if r.plan is not None]
     assert len(costs) == 4 and costs == sorted(costs, reverse=True)
+
+
+def test_a_budget_of_the_save_all_peak_has_a_grouped_plan() -> None:
+    """On an MLP the model fits no split at 100% (each segment's input counted over all
+    its backward steps): there was no plan (rematc solve --solver multilevel exited 1).
+    The split into single segments, the cheapest, fits when checked."""
+    model, inputs = make_mlp(MLPConfig(), batch=4, seed=0)
+    problem = trace(model, inputs).problem
+    peak = save_all(problem).report
+    assert peak is not None
+    measured = multilevel.measure(problem)
+    assert measured is not None and multilevel.split(measured, peak.peak) is None
+    result = multilevel.solve(problem.with_budget(peak.peak))
+    assert result.plan is not None and result.report is not None and result.report.fits
+    assert result.stats["longest_group"] == 1 and result.report.added_time > 0
+    assert check(problem.with_budget(peak.peak), result.plan).peak <= peak.peak
 
 
 def test_the_least_known_peak_counts_the_grouped_plans() -> None:
