@@ -385,6 +385,18 @@ def with_budget(problem: Problem, args: argparse.Namespace) -> Budgeted:
 # ---- export -------------------------------------------------------------------------
 
 
+def _check_folder(path: str, flag: str) -> None:
+    """``path`` can be the folder ``flag`` writes into: one, or creatable (no file in the
+    way). Checked before any work, not after the solve ("File exists" named no flag)."""
+    here = os.path.abspath(path)
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        blocker = "" if here == os.path.abspath(path) else f": {here} is a file"
+        raise UsageError(f"{flag} {path} is not a folder{blocker}; name a folder (it is created "
+                         f"if missing), or move the file away")
+
+
 def _refuse_overwrite(source: str, out: str | None, flag: str) -> None:
     """The output must not be the input file: the result would silently replace it."""
     if out is not None and os.path.exists(source) and os.path.exists(out) and os.path.samefile(source, out):
@@ -472,6 +484,8 @@ def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress:
 
 def _solve(args: argparse.Namespace) -> int:
     _refuse_overwrite(args.source, args.out, "--out")
+    if args.dump_dir:
+        _check_folder(args.dump_dir, "--dump-dir")
     source = load_source(args)
     b = with_budget(source.problem, args)
     problem = b.problem
@@ -729,6 +743,7 @@ def _plot(args: argparse.Namespace) -> int:
         from solvers.plots import pareto_figure, pareto_sweep, save_png, timeline_figure
     except ImportError as e:
         raise UsageError(f"plot needs matplotlib ({e}); pip install matplotlib") from None
+    _check_folder(args.out_dir, "--out-dir")
     source = load_source(args)
     b = with_budget(source.problem, args)
     problem = b.problem
@@ -777,6 +792,7 @@ def _fit(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError as e:
             raise UsageError(f"--plot needs matplotlib ({e}); pip install matplotlib") from None
+        _check_folder(args.plot, "--plot")
     from rematc import fit as fitting
     from rematc.devices import profile_for
     from rematc.wholestep import StepSetup

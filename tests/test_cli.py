@@ -553,6 +553,11 @@ def test_random_layered_graphs_solve_with_recomputation_anywhere(capsys: pytest.
         (["plot", "{good}", "--budget", "1MiB", "--points", "1"], "--points: expected an int >= 2, got '1'"),
         (["plot", "{good}", "--budget", "1MiB", "--sweep-time-limit", "-1"], "--sweep-time-limit: expected a positive float"),
         (["solve", "{good}", "--budget", "1MiB", "--out", "{good}"], "is the input file"),
+        # "good.json: File exists", after the solve
+        (["solve", "{good}", "--budget", "1MiB", "--dump-dir", "{good}"],
+         "--dump-dir {good} is not a folder; name a folder (it is created if missing), or move the file away"),
+        (["solve", "{good}", "--budget", "1MiB", "--dump-dir", "{good}/dump"], "is not a folder: {good} is a file"),
+        (["plot", "{good}", "--budget", "1MiB", "--out-dir", "{good}"], "--out-dir {good} is not a folder"),
         (["export", "{junk_pt2}", "-o", "{junk_pt2}"], "is the input file"),
         (["solve", "{dir_pt2}", "--budget", "1MiB"], "dir.pt2: is a directory"),
         (["export", "tests.cli_factory:mismatched", "-o", "{out}", "--target", "eager"],
@@ -578,7 +583,7 @@ def test_bad_arguments(argv: list[str], words: str, tmp_path: Path, capsys: pyte
     before = {p: p.read_bytes() for p in (good, junk)}
     rc, _, err = run(capsys, *[a.format(**paths) for a in argv])
     assert_one_line_error(rc, err)
-    assert words in err, err
+    assert words.format(**paths) in err, err
     assert {p: p.read_bytes() for p in (good, junk)} == before  # the input is never written over
 
 
