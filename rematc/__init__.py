@@ -25,6 +25,7 @@ from solvers.budget import Budget, parse_budget
 if TYPE_CHECKING:
     from rematc._torch_compat import InductorFallbackWarning
     from rematc.backend import Backend, OverBudgetWarning, compile, rematc_backend
+    from rematc.calls import RepeatedForwardError, RepeatedForwardWarning
     from rematc.donation import DonationWarning
     from rematc.generated import GeneratedCodeWarning
     from rematc.partition import (
@@ -43,6 +44,8 @@ _LAZY = {
     "rematc_backend": "rematc.backend",
     "OverBudgetWarning": "rematc.backend",
     "DonationWarning": "rematc.donation",
+    "RepeatedForwardError": "rematc.calls",
+    "RepeatedForwardWarning": "rematc.calls",
     "GeneratedCodeWarning": "rematc.generated",
     "InductorFallbackWarning": "rematc._torch_compat",
     "BudgetWarning": "rematc.partition",
@@ -85,6 +88,8 @@ __all__ = [
     "OverBudgetWarning",
     "PartitionRecord",
     "RematcError",
+    "RepeatedForwardError",
+    "RepeatedForwardWarning",
     "SolverError",
     "SolverFallbackWarning",
     "clear_records",

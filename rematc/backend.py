@@ -21,13 +21,14 @@ import torch
 import torch.fx as fx
 
 from rematc._torch_compat import TORCH, aot_autograd, functorch_config, inductor_compile_fx
+from rematc.calls import Figures, InFlight, watching
 from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import checking_donations
 from rematc.fusion import keep_plan_order
 from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
-from rematc.partition import BudgetShare, RematPartitioner
+from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
@@ -50,11 +51,13 @@ class Backend:
             )
         self.options = options
         self.share = BudgetShare()
+        self.flight = InFlight()  # the graphs' calls whose backward has not run
 
     def reset(self) -> None:
         """``torch._dynamo.reset()`` calls this: the compiled graphs are gone, and so is
         what they held."""
         self.share = BudgetShare()
+        self.flight = InFlight()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if self.options.budget is not None and self.options.budget.automatic:
@@ -62,16 +65,19 @@ class Backend:
             self.options = resolve_auto_budget(self.options, example_inputs)
         partitioner = RematPartitioner(self.options, self.share)
         if self.options.compiler == "inductor":
-            return self._inductor(gm, example_inputs, partitioner)
-        # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
-        # no codegen (what the aot_eager backend does, with our partitioner).
-        eager = aot_autograd(
-            fw_compiler=_boxed_eager,
-            bw_compiler=_boxed_eager,
-            partition_fn=partitioner,
-            keep_inference_input_mutations=True,
-        )
-        return eager(gm, example_inputs)
+            compiled = self._inductor(gm, example_inputs, partitioner)
+        else:
+            # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
+            # no codegen (what the aot_eager backend does, with our partitioner).
+            eager = aot_autograd(
+                fw_compiler=_boxed_eager,
+                bw_compiler=_boxed_eager,
+                partition_fn=partitioner,
+                keep_inference_input_mutations=True,
+            )
+            compiled = eager(gm, example_inputs)
+        return watching(compiled, self.flight, _graph_name(partitioner),
+                        lambda: _figures(partitioner.record, partitioner.options))
 
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
@@ -134,6 +140,22 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
+
+
+def _graph_name(partitioner: RematPartitioner) -> str:
+    graph = partitioner.record.graph if partitioner.record is not None else None
+    return "the compiled graph" if graph is None else f"graph {graph[1]} of frame {graph[0]}"
+
+
+def _figures(record: PartitionRecord | None, options: Options) -> Figures | None:
+    """What the watch of a graph's calls (:func:`rematc.calls.watching`) reads of its
+    plan; None without a budget."""
+    if record is None or record.step_budget is None or options.budget is None:
+        return None
+    peak = max(record.predicted_peak, record.generated_peak or 0)
+    hard = options.budget.fraction is None
+    return Figures(peak=peak, holds=record.holds, budget=record.step_budget, calls=record.calls,
+                   hard=hard)
 
 
 def resolve_auto_budget(options: Options, example_inputs: Sequence[Any],

@@ -62,6 +62,12 @@ class Options:
     # ($REMATC_CACHE_DIR, else ~/.cache/rematc; resolved when a plan is cached, not at
     # import) or None/"off". On by default: a second run of a job skips every solve.
     cache_dir: str | os.PathLike[str] | None = CACHE_AUTO
+    # Times each compiled forward runs before its backward in one step: 1 for a model
+    # compiled whole; the number of blocks for a block compiled on its own (accelerate's
+    # compile_regions, a per-block torch.compile), where every call keeps its saved values
+    # until the backward. The plan leaves room for all of them (docs/reliability.md,
+    # "Blocks compiled on their own").
+    calls: int = 1
 
     def __post_init__(self) -> None:
         from rematc.wholestep import OPTIMIZERS
@@ -85,6 +91,9 @@ class Options:
                 f"option 'host_bandwidth' must be 0 (no offloading), a number of bytes/s from "
                 f"{MIN_HOST_BANDWIDTH:.0e} (1 MB/s) up, or None (the device's), got {bw!r}"
             )
+        if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 1:
+            raise ValueError(f"option 'calls' must be a positive int (how many times each compiled "
+                             f"forward runs before its backward in one step), got {self.calls!r}")
         if not isinstance(self.verify, bool):
             raise ValueError(f"option 'verify' must be True or False, got {self.verify!r}")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
@@ -103,7 +112,8 @@ class Options:
         """From ``torch.compile(..., options={...})`` or keyword arguments.
 
         Keys: budget (bytes, a fraction, or "auto": docs/fit.md), optimizer (for "auto"),
-        compiler, device, host_bandwidth, verify, cache_dir, and the solver's time_limit
+        compiler, device, host_bandwidth, verify, cache_dir, calls (forwards in flight per
+        step), and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at), step_gap
         (stop once provably within this fraction of the step's time of the best plan),
         stall_time (stop once no better plan has been found for this many seconds; 0 never)

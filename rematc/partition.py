@@ -121,6 +121,10 @@ class PartitionRecord:
     # code of an earlier plan of this graph peaked above the budget by that much.
     squeezed: int = 0
     budget_origin: str = ""  # how an "auto" budget was derived (Options.budget_origin)
+    # Forwards of this graph the plan leaves room for in one step (Options.calls), and the
+    # step's budget in bytes that they and the earlier graphs share (None without one).
+    calls: int = 1
+    step_budget: int | None = None
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -204,7 +208,8 @@ class BudgetShare:
         if len(self.holds) > 1 and not self.warned:
             self.warned = True
             warnings.warn(
-                "rematc: the model compiled to several graphs (a graph break); the "
+                "rematc: the model compiled to several graphs (a graph break, or parts "
+                "compiled on their own); the "
                 "activations each graph saves stay alive while the later ones run, so they "
                 "share one budget and each later graph gets less (see docs/reliability.md, "
                 "'Graph breaks'). Remove the break (TORCH_LOGS=graph_breaks shows it) to "
@@ -214,6 +219,9 @@ class BudgetShare:
             )
 
 
+# Re-plans of :meth:`RematPartitioner.room_for_calls` before its least-peak plan: each
+# takes off what the other calls held in the last, which shrinks with the budget.
+CALL_ROUNDS = 4
 # Rounds of :meth:`BudgetShare.smallest_step_budget`: each raises the figure; earlier graphs
 # hold at most their save-all bytes, so it stands within a few.
 MAX_STEP_ROUNDS = 8
@@ -349,6 +357,8 @@ class RematPartitioner(CustomPartitionerFn):
         byte budget, :class:`InfeasibleBudgetError` stating the smallest budget for the
         whole step, whose plans are kept in hand for when it is asked for."""
         where = "" if graph is None else f"graph {graph[1]} of frame {graph[0]}: "
+        if self.options.calls > 1:
+            where += f"{self.options.calls} calls in flight: "
         budget = self.options.budget
         if budget is None:  # no budget: nothing is infeasible
             raise e
@@ -380,6 +390,55 @@ class RematPartitioner(CustomPartitionerFn):
         raise InfeasibleBudgetError(asked, step, proven=False,
                                     where=f"{where}with what the earlier graphs hold: ") from e
 
+    def room_for_calls(self, problem: Problem, calls: int, *,
+                       known: Plan | None = None) -> tuple[Planned, Problem]:
+        """A plan that leaves room for ``calls`` forwards of this graph in flight: its peak
+        plus ``calls - 1`` times what it holds after its forward within ``problem.budget``;
+        returned with the problem at the budget it was planned for.
+
+        The first round plans at the whole budget, each next one at the budget less what
+        the other calls held in the last; the least-peak plan is the last resort. Where
+        that fails too, :class:`InfeasibleBudgetError` states what the least-peak plan
+        needs, with the plan (kept in hand by :meth:`least`, so that asking for that
+        budget gets it)."""
+        room = problem.budget
+        assert room is not None
+        tried = problem
+        try:
+            planned: Planned | None = plan_for(problem, self.options, known=known)
+        except InfeasibleBudgetError:
+            planned = None
+        for _ in range(CALL_ROUNDS if planned is not None else 0):
+            assert planned is not None
+            plan = planned.result.plan
+            assert plan is not None and tried.budget is not None
+            others = (calls - 1) * holds_after_forward(tried, check(tried, plan))
+            if check(tried, plan).peak + others <= room:
+                return planned, tried
+            smaller = min(tried.budget - 1, room - others)
+            if smaller < 0:
+                break
+            tried = problem.with_budget(smaller)
+            try:
+                planned = plan_for(tried, self.options)
+            except InfeasibleBudgetError:
+                break
+        try:  # the least-peak plan: a budget of 0 asks for it
+            plan_for(problem.with_budget(0), self.options)
+        except InfeasibleBudgetError as e:
+            least = e.plan
+        else:  # nothing is allocated at all: any plan fits
+            return plan_for(problem, self.options), problem
+        if least is None:
+            raise InfeasibleBudgetError(room, None, proven=False)
+        report = check(problem.with_budget(None), least)
+        others = (calls - 1) * holds_after_forward(problem, report)
+        if report.peak + others <= room:
+            fits = _fitting(problem.with_budget(room - others), least, "least-peak")
+            assert fits is not None
+            return Planned(fits, cached=False), problem.with_budget(room - others)
+        raise InfeasibleBudgetError(room, report.peak + others, proven=False, plan=least)
+
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
         # only for the same budget, solver settings and code.
@@ -401,11 +460,14 @@ class RematPartitioner(CustomPartitionerFn):
         if self._graph is None:
             self._graph = (self.share.graph(),)
         graph = self._graph[0]
-        budget, held = None, 0
+        budget, held, calls = None, 0, self.options.calls
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:
-            budget = max(0, self.options.budget.resolve(unconstrained.peak) - self.squeeze)
+            # With several calls in flight, a fraction is of the step's unconstrained peak:
+            # every call's saved values and the last call's own peak.
+            whole = unconstrained.peak + (calls - 1) * holds_after_forward(captured.problem, unconstrained)
+            budget = max(0, self.options.budget.resolve(whole) - self.squeeze)
             if self.options.budget.nbytes is not None:
                 held = self.share.held_before(graph)
         # Saving everything is right at every shape; a plan under a budget is bounded.
@@ -418,7 +480,10 @@ class RematPartitioner(CustomPartitionerFn):
                 assert honoured is not None  # no budget: every plan fits
                 planned = Planned(honoured, cached=False)
             else:
-                planned = plan_for(problem, self.options, known=own)
+                if calls > 1 and problem.budget is not None:
+                    planned, problem = self.room_for_calls(problem, calls, known=own)
+                else:
+                    planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
             planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget)
         result = planned.result
@@ -427,7 +492,7 @@ class RematPartitioner(CustomPartitionerFn):
         if not report.fits:
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
         holds = holds_after_forward(problem, report)
-        self.share.record(graph, holds, captured.problem)
+        self.share.record(graph, holds * calls, captured.problem)  # every call's, to later graphs
         if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
             self.room = room_of(problem, result.plan, report.timeline,
                                 [[n.name for n in group] for group in captured.groups])
@@ -452,7 +517,8 @@ class RematPartitioner(CustomPartitionerFn):
             partition_time=time.perf_counter() - t0, saved=emitted.saved,
             recomputed=emitted.recomputed, again=emitted.again, problem=problem, plan=result.plan,
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
-            holds=holds, size_bounds=bounds,
+            holds=holds, size_bounds=bounds, calls=calls,
+            step_budget=None if budget is None else budget + self.squeeze,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze,
         )
         _RECORDS.append(record)

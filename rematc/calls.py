@@ -1,0 +1,157 @@
+"""Forwards in flight: a compiled graph's calls whose backward has not run yet.
+
+A plan bounds one call of its graph, with what the step's earlier graphs hold
+(:class:`rematc.partition.BudgetShare`) and ``Options.calls`` calls of it in flight. A
+block compiled on its own (accelerate's ``compile_regions``, a per-block
+``torch.compile``) runs its forward once per block before any backward, and every call
+keeps its saved values: N calls hold N times what one plan leaves room for.
+
+:class:`InFlight` watches the calls of one backend's graphs as they run. Before a
+forward, what the calls in flight hold plus this call's predicted peak is the step's
+predicted peak; above a byte budget, :class:`RepeatedForwardError` stops the step before
+that memory is allocated, naming the cause and the fix. A call leaves the flight when
+the backward reaches it, or when its autograd graph is freed without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import warnings
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Figures", "InFlight", "RepeatedForwardError", "RepeatedForwardWarning", "watching"]
+
+
+class RepeatedForwardError(RuntimeError):
+    """The forwards in flight would take the step above its byte budget: a compiled
+    graph ran again before its backward more times than its plan leaves room for."""
+
+
+class RepeatedForwardWarning(UserWarning):
+    """As :class:`RepeatedForwardError`, under a fraction budget (a request to shrink)."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A graph's plan, as the watch of its calls reads it."""
+
+    peak: int  # bytes: one call's predicted peak (the generated code's, where higher)
+    holds: int  # bytes held from the end of its forward to its backward
+    budget: int  # the step's budget in bytes
+    calls: int  # calls of it in flight the plan leaves room for
+    hard: bool  # a byte budget (an error above it), not a fraction (a warning)
+
+
+@dataclass(frozen=True)
+class Call:
+    graph: str  # the graph's name, for messages
+    holds: int  # bytes its plan holds from the end of its forward to its backward
+    planned: int  # calls of its graph in flight its plan leaves room for
+
+
+@dataclass
+class InFlight:
+    """The calls in flight of one backend's graphs (one compiled model)."""
+
+    calls: dict[int, Call] = field(default_factory=dict)  # token -> call
+    tokens: itertools.count[int] = field(default_factory=itertools.count)
+
+    def held(self) -> int:
+        return sum(c.holds for c in self.calls.values())
+
+    warned: set[str] = field(default_factory=set)  # graphs warned about under a fraction
+
+    def before(self, graph: str, *, peak: int, budget: int | None, planned_calls: int,
+               hard: bool = True) -> None:
+        """Raise :class:`RepeatedForwardError` where a forward of ``graph`` peaking at
+        ``peak`` bytes now would take the step above ``budget`` because a graph has more
+        calls in flight than its plan leaves room for (this one or an earlier one); under a
+        fraction budget (not ``hard``), warn once per graph instead."""
+        if budget is None or self.held() + peak <= budget:
+            return
+        counts = Counter(c.graph for c in self.calls.values())
+        counts[graph] += 1
+        planned = {c.graph: c.planned for c in self.calls.values()} | {graph: planned_calls}
+        over = [g for g, n in counts.items() if n > planned[g]]
+        if not over:
+            return  # as the budget share planned: what is over is the prediction's to own
+        worst = max(over, key=lambda g: counts[g] - planned[g])
+        message = (
+            f"rematc: {worst}'s forward runs again before its backward ({counts[worst]} calls in "
+            f"flight, planned for {planned[worst]}): the saved values of the calls in flight "
+            f"({self.held()} B) and {graph}'s peak ({peak} B) come to {self.held() + peak} B, "
+            f"above the budget of {budget} B. A block compiled on its own (accelerate's "
+            f"compile_regions, a per-block torch.compile) runs once per block before any "
+            f"backward: pass options={{'budget': ..., 'calls': <blocks per step>}} so that its "
+            f"plan leaves room for every call, or compile the whole model.")
+        if hard:
+            raise RepeatedForwardError(message)
+        if worst not in self.warned:
+            self.warned.add(worst)
+            warnings.warn(message, RepeatedForwardWarning, stacklevel=4)
+
+    def after(self, graph: str, holds: int, outputs: Any, *, planned_calls: int = 1) -> None:
+        """Count the call that returned ``outputs`` in flight until its backward runs or
+        its autograd graph is freed; a call with no output requiring grad is not."""
+        node = _backward_node(outputs)
+        if node is None:
+            return
+        token = next(self.tokens)
+        self.calls[token] = Call(graph, holds, planned_calls)
+
+        def land(*_: Any) -> None:
+            self.calls.pop(token, None)
+
+        node.register_prehook(land)
+        # A node Python cannot refer to weakly (TypeError) is landed by its backward alone.
+        with contextlib.suppress(TypeError):
+            weakref.finalize(node, land)
+
+
+def _backward_node(outputs: Any) -> Any:
+    """The autograd node of the compiled function that returned ``outputs`` (the first
+    output's grad_fn, or the node under a view of an output), None where no output
+    requires grad."""
+    tensors = [t for t in _flat(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    for t in tensors:
+        if "CompiledFunction" in type(t.grad_fn).__name__:
+            return t.grad_fn
+    for t in tensors:
+        assert t.grad_fn is not None
+        for nxt, _ in t.grad_fn.next_functions:
+            if nxt is not None and "CompiledFunction" in type(nxt).__name__:
+                return nxt
+    return tensors[0].grad_fn if tensors else None
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _flat(v)]
+    return [value]
+
+
+def watching(compiled: Callable[..., Any], flight: InFlight, graph: str,
+             plan: Callable[[], Figures | None]) -> Callable[..., Any]:
+    """``compiled`` (a graph's compiled function, as the backend returns it to Dynamo)
+    counting its calls in ``flight``. ``plan()`` gives the graph's current figures, or
+    None with no budget to hold."""
+    @functools.wraps(compiled)  # its attributes too: the calling convention Dynamo reads
+    def run(*args: Any, **kwargs: Any) -> Any:
+        figures = plan()
+        if figures is None or not torch.is_grad_enabled():
+            return compiled(*args, **kwargs)
+        flight.before(graph, peak=figures.peak, budget=figures.budget,
+                      planned_calls=figures.calls, hard=figures.hard)
+        outputs = compiled(*args, **kwargs)
+        flight.after(graph, figures.holds, outputs, planned_calls=figures.calls)
+        return outputs
+
+    return run
