@@ -23,6 +23,7 @@ import torch._inductor.config as inductor_config
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed
+from torch._dynamo.exc import Unsupported as DynamoUnsupported
 from torch._functorch import partitioners as _partitioners
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.compile_utils import fx_graph_cse, raise_getitems
@@ -57,6 +58,7 @@ __all__ = [
     "BackendCompilerFailed",
     "CompileContext",
     "CustomPartitionerFn",
+    "DynamoUnsupported",
     "FakeTensorMode",
     "InductorFallbackWarning",
     "OpOverload",
@@ -272,6 +274,22 @@ def inductor_partition_fn() -> Callable[..., Any]:
     from torch._inductor.compile_fx import partition_fn
 
     return partition_fn
+
+
+@contextlib.contextmanager
+def inductor_fake_mode(example_inputs: Sequence[Any]) -> Iterator[None]:
+    """Inductor's virtualized fake mode (``V.fake_mode``) set to that of
+    ``example_inputs``, as ``compile_fx`` sets it around its partition: a joint-graph pass
+    enters it (``fuse_seed_creation_pass``, on every graph with dropout)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    mode = detect_fake_mode(example_inputs)
+    if mode is None:
+        yield
+        return
+    with V.set_fake_mode(mode):
+        yield
 
 
 def inductor_decompositions() -> dict[Any, Any]:

@@ -37,10 +37,12 @@ from torch import nn
 
 from rematc._torch_compat import (
     CustomPartitionerFn,
+    DynamoUnsupported,
     aot_autograd,
     guards_broken_at,
     inductor_config,
     inductor_decompositions,
+    inductor_fake_mode,
     inductor_partition_fn,
     make_boxed_func,
     sizes_at,
@@ -181,9 +183,16 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
         # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
         with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
                 _fused_attention(on_meta), collector_paused():
-            torch.compile(model, backend=backend, fullgraph=False)(*inputs)
+            # One graph: a problem is one graph, and a break would leave the rest unplanned.
+            torch.compile(model, backend=backend, fullgraph=True)(*inputs)
     except Exception as e:
         if spy.traced is None:
+            broken = _graph_break(e)
+            if broken is not None:
+                raise TraceError(
+                    f"tracing {name}: the model breaks into several graphs ({broken}); a problem "
+                    "plans one graph: remove the break (TORCH_LOGS=graph_breaks lists them), or "
+                    "compile the model with the backend, whose graphs share the budget") from e
             raise TraceError(f"tracing {name} failed: {_describe_error(e)}") from e
     finally:
         torch._dynamo.reset()
@@ -200,6 +209,17 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
     return Traced(problem, t.joint, captured, t.num_fwd_outputs, t.static_inputs)
 
 
+def _graph_break(e: BaseException) -> str | None:
+    """Where and why Dynamo broke the graph, from its error under ``fullgraph=True``;
+    None for another error."""
+    if not isinstance(e, DynamoUnsupported):
+        return None
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    why = lines[0] if lines else type(e).__name__
+    where = next((line for line in lines if line.startswith("File ")), "")
+    return f"{why}{', at ' + where if where else ''}"[:300]
+
+
 @contextlib.contextmanager
 def _backend(spy: _Capture, target: str) -> Iterator[Any]:
     nop = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
@@ -207,8 +227,14 @@ def _backend(spy: _Capture, target: str) -> Iterator[Any]:
         yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=spy,
                            keep_inference_input_mutations=True)
         return
+    inductors = inductor_partition_fn()
+
+    def partition(gm: fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        with inductor_fake_mode(joint_inputs):
+            return inductors(gm, joint_inputs, **kwargs)
+
     with inductor_config.patch(custom_partitioner_fn=spy):
-        yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=inductor_partition_fn(),
+        yield aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=partition,
                            decompositions=inductor_decompositions())
 
 

@@ -1,0 +1,57 @@
+"""Offline tracing (``rematc export`` and the subcommands that take a model): every model
+the backend compiles traces to its whole step, or fails in one line that says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rematc.trace import TraceError, trace
+from solvers import check
+from solvers.baselines import save_all
+
+
+class Dropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down, self.drop = nn.Linear(16, 32), nn.Linear(32, 16), nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.drop(torch.relu(self.up(x)))).square().mean()
+
+
+class Broken(nn.Module):
+    """Four layers with a graph break after the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = torch.tanh(layer(x))
+            if i == 1:
+                torch._dynamo.graph_break()
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("target", ["inductor", "eager"])
+def test_a_model_with_dropout_traces_for_both_targets(target: str) -> None:
+    """Inductor's seed-fusing joint pass enters its virtualized fake mode, which the trace
+    now sets as compile_fx does (a TypeError on a NullHandler before)."""
+    torch.manual_seed(0)
+    traced = trace(Dropped(), (torch.randn(8, 16),), target=target)
+    assert traced.problem.candidates
+    assert check(traced.problem, save_all(traced.problem).plan).peak > 0  # type: ignore[arg-type]
+
+
+def test_a_graph_break_is_refused_in_one_line_naming_it() -> None:
+    """A break used to plan the first graph only (half the model) and exit 0."""
+    torch.manual_seed(0)
+    with pytest.raises(TraceError) as info:
+        trace(Broken(), (torch.randn(8, 16),), target="eager")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "breaks into several graphs" in message and "graph_break" in message
+    assert "test_trace.py" in message  # where: the user's line
