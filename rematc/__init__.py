@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         clear_records,
         records,
     )
+    from rematc.regions import mark_regions
 
 # name -> the module that defines it (each imports torch)
 _LAZY = {
@@ -45,6 +46,7 @@ _LAZY = {
     "OverBudgetWarning": "rematc.backend",
     "DonationWarning": "rematc.donation",
     "RepeatedForwardError": "rematc.calls",
+    "mark_regions": "rematc.regions",
     "RepeatedForwardWarning": "rematc.calls",
     "GeneratedCodeWarning": "rematc.generated",
     "InductorFallbackWarning": "rematc._torch_compat",
@@ -94,6 +96,7 @@ __all__ = [
     "SolverFallbackWarning",
     "clear_records",
     "compile",
+    "mark_regions",
     "parse_budget",
     "records",
     "rematc_backend",

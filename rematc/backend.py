@@ -29,6 +29,7 @@ from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
 from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner
+from rematc.regions import block_calls, mark_regions
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
@@ -43,27 +44,33 @@ class Backend:
     Every graph it compiles shares one budget (see :class:`BudgetShare`): use one
     Backend per model, as ``rematc.compile`` does."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, *, regions: bool = False) -> None:
         if not isinstance(options, Options):
             raise TypeError(
                 f"Backend takes a rematc.Options, got {type(options).__name__}; "
                 "use Options.from_mapping({...}) or rematc.compile(model, budget=...)"
             )
         self.options = options
-        self.share = BudgetShare()
+        self.regions = regions  # the model's blocks compile on their own (rematc.regions)
+        # Its graphs are many by design: no GraphBreakWarning then.
+        self.share = BudgetShare(warned=regions)
         self.flight = InFlight()  # the graphs' calls whose backward has not run
 
     def reset(self) -> None:
         """``torch._dynamo.reset()`` calls this: the compiled graphs are gone, and so is
         what they held."""
-        self.share = BudgetShare()
+        self.share = BudgetShare(warned=self.regions)
         self.flight = InFlight()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if self.options.budget is not None and self.options.budget.automatic:
             # Resolved once, at the first graph: the graphs of the step share it.
             self.options = resolve_auto_budget(self.options, example_inputs)
-        partitioner = RematPartitioner(self.options, self.share)
+        # A block compiled on its own (rematc.regions) runs once per block before any
+        # backward: its plan leaves room for every call.
+        calls = block_calls()
+        options = self.options if calls is None else dataclasses.replace(self.options, calls=calls)
+        partitioner = RematPartitioner(options, self.share)
         if self.options.compiler == "inductor":
             compiled = self._inductor(gm, example_inputs, partitioner)
         else:
@@ -264,6 +271,7 @@ def compile(
     deterministic: bool | None = None,
     dynamic: bool | None = None,
     fullgraph: bool = False,
+    regions: bool = False,
     **unknown: Any,
 ) -> Callable[..., Any]:
     """``torch.compile`` with the rematc backend: ``rematc.compile(model, budget="2GiB")``.
@@ -272,7 +280,12 @@ def compile(
     (:meth:`Options.from_mapping`; the solver's left as None take their defaults);
     ``dynamic`` and ``fullgraph`` go to ``torch.compile``. An unknown keyword raises
     ``ValueError`` naming the closest option, and so does ``budget="auto"`` for a module
-    whose parameters and buffers are all on the CPU or meta (no accelerator to read)."""
+    whose parameters and buffers are all on the CPU or meta (no accelerator to read).
+
+    ``regions=True`` compiles the model's repeated blocks on their own, once for all of
+    them, and the rest around them, the step planned under one budget
+    (:mod:`rematc.regions`; it marks the blocks in place). ``ValueError`` where the model
+    has no repeated blocks, or with ``fullgraph`` (the model's graph breaks at each block)."""
     solver = {"time_limit": time_limit, "workers": workers, "seed": seed, "gap": gap,
               "step_gap": step_gap, "stall_time": stall_time, "deterministic": deterministic}
     opts = Options.from_mapping({
@@ -287,5 +300,14 @@ def compile(
             raise ValueError(f"budget='auto' is the free memory of the accelerator the model runs on, and "
                              f"this model's parameters are on {where}: give the budget in bytes ('2GiB') "
                              f"or as a fraction ('40%')")
+    if regions:
+        if fullgraph:
+            raise ValueError("regions=True compiles each block as a graph of its own, so the model's "
+                             "graph breaks at its blocks: pass fullgraph=False")
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"regions=True finds the repeated blocks of a module, got {type(model).__name__}")
+        name, count = mark_regions(model)
+        log.info("rematc: %d blocks of %s compiled on their own", count, name or "the model")
     return cast(Callable[..., Any],
-                torch.compile(model, backend=Backend(opts), dynamic=dynamic, fullgraph=fullgraph))
+                torch.compile(model, backend=Backend(opts, regions=regions), dynamic=dynamic,
+                              fullgraph=fullgraph))

@@ -126,6 +126,11 @@ class Options:
                 f"{type(options).__name__} {options!r}"
             )
         options = dict(options or {})
+        if "regions" in options:
+            raise ValueError(
+                "option 'regions' needs the model, which a backend never sees: use "
+                "rematc.compile(model, regions=True), or rematc.mark_regions(model) before "
+                "torch.compile(model, backend='rematc', ...)")
         bad_keys = [k for k in options if not isinstance(k, str)]
         if bad_keys:
             raise ValueError(f"rematc option names must be strings, got {bad_keys!r}")

@@ -1,0 +1,88 @@
+"""Regional compilation: a model's repeated blocks compiled once, the step planned whole.
+
+``rematc.compile(model, regions=True)`` finds the model's repeated blocks (the largest
+``nn.ModuleList`` of two or more modules of one class, as accelerate's
+``compile_regions`` and torchtitan do) and marks each block's ``forward`` so that Dynamo
+compiles the model around the blocks and each block on its own: one graph, compiled
+once and run for every block, instead of N copies of it inside one graph.
+
+Every graph goes to one :class:`rematc.backend.Backend`, so they share one budget in
+execution order (:class:`rematc.partition.BudgetShare`). A block's graph is compiled
+while a marked block runs, and :func:`block_calls` then says how many blocks there are:
+its plan leaves room for that many calls in flight (``Options.calls``), since every
+block keeps its saved values until its backward. The other graphs run once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["block_calls", "mark_regions", "repeated_blocks"]
+
+# How many blocks the block running now stands for; None outside a marked block.
+_CALLS: contextvars.ContextVar[int | None] = contextvars.ContextVar("rematc_block_calls", default=None)
+# The attribute a marked block keeps its own forward under.
+_MARK = "_rematc_region_forward"
+
+
+def repeated_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The qualified name and the list of ``model``'s repeated blocks: of the
+    ``nn.ModuleList``s whose two or more children are all of one class, the one holding
+    the most parameters (a transformer's layers rather than a list of heads); None where
+    there is none."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) < 2:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if best is None or size > best[0]:
+            best = (size, name, module)
+    return None if best is None else (best[1], best[2])
+
+
+def mark_regions(model: nn.Module) -> tuple[str, int]:
+    """Mark ``model``'s repeated blocks (:func:`repeated_blocks`) for regional
+    compilation, in place: each block's ``forward`` becomes a wrapper that Dynamo does not
+    trace (the model's graph breaks there) and that runs the block's own ``forward``,
+    which Dynamo then compiles once for all blocks. Marking twice changes nothing.
+    Returns the blocks' name and count; ``ValueError`` where the model has none."""
+    found = repeated_blocks(model)
+    if found is None:
+        raise ValueError(
+            f"regions=True: {type(model).__name__} has no nn.ModuleList of two or more blocks of one "
+            "class to compile on their own; compile it whole (regions=False)")
+    name, blocks = found
+    for block in blocks:
+        if _MARK not in vars(block):
+            own = block.forward
+            setattr(block, _MARK, own)
+            block.forward = _marked(own, len(blocks))
+    return name, len(blocks)
+
+
+def _marked(forward: Callable[..., Any], calls: int) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def region(*args: Any, **kwargs: Any) -> Any:
+        token = _CALLS.set(calls)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            _CALLS.reset(token)
+
+    # Not traced by the model's compile, but what it calls is: the block's own forward,
+    # compiled by the same backend as a graph of its own.
+    return torch.compiler.disable(region, recursive=False)
+
+
+def block_calls() -> int | None:
+    """While a marked block runs (and Dynamo compiles its graph): how many blocks it
+    stands for; None elsewhere."""
+    return _CALLS.get()

@@ -1,0 +1,119 @@
+"""Regional compilation (``rematc.compile(model, regions=True)``): the repeated blocks
+compile once, on their own, and the whole step is planned under one budget: its measured
+peak within it, loss and gradients equal to eager's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import rematc
+from rematc.memory import profiler_peak
+from rematc.regions import repeated_blocks
+
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 4
+# The measured step may exceed the budget by the bytes of what runs outside every graph:
+# the embedding's lookup in the skipped frame around the blocks (batch x seq x hidden x 4 B)
+# and the loss's implicit gradient.
+OUTSIDE = 2 * 32 * 64 * 4 + 16
+# Under Inductor, the fraction the measured peak may exceed the budget by: kernels'
+# workspaces the model does not see (as tests/test_measured_peak.py).
+PEAK_TOLERANCE = 0.05
+
+
+def llama(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=LAYERS, vocab_size=128,
+                                      max_position_embeddings=64, use_cache=False)
+    return transformers.LlamaForCausalLM(config)
+
+
+IDS = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))
+
+
+def step(model: nn.Module) -> torch.Tensor:
+    loss: torch.Tensor = model(input_ids=IDS, labels=IDS).loss
+    loss.backward()
+    return loss
+
+
+def test_the_repeated_blocks_are_the_largest_list_of_one_class() -> None:
+    model = llama()
+    name, blocks = repeated_blocks(model)  # type: ignore[misc]
+    assert name == "model.layers" and len(blocks) == LAYERS
+    assert repeated_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) is None
+    mixed = nn.Module()
+    mixed.parts = nn.ModuleList([nn.Linear(2, 2), nn.ReLU()])
+    assert repeated_blocks(mixed) is None
+
+
+def test_a_model_without_repeated_blocks_is_refused_at_compile() -> None:
+    with pytest.raises(ValueError, match=r"no nn\.ModuleList of two or more blocks"):
+        rematc.compile(nn.Linear(4, 4), budget="1MiB", regions=True)
+
+
+def test_regions_through_torch_compile_options_say_how() -> None:
+    with pytest.raises(ValueError, match=r"rematc.compile\(model, regions=True\)"):
+        rematc.Options.from_mapping({"regions": True})
+
+
+def test_regions_with_fullgraph_is_refused() -> None:
+    with pytest.raises(ValueError, match="fullgraph=False"):
+        rematc.compile(llama(), budget="1MiB", regions=True, fullgraph=True)
+
+
+def _unconstrained_step() -> int:
+    """The whole step's predicted peak when every graph saves everything, regionally."""
+    model = llama()
+    compiled = rematc.compile(model, budget="1GiB", compiler="eager", cache_dir=None, regions=True)
+    step(compiled)
+    return max(r.held_before + r.predicted_peak + (r.calls - 1) * r.holds for r in rematc.records())
+
+
+@pytest.mark.parametrize("share", [1.0, 0.8])
+def test_regional_step_holds_the_budget_with_eagers_gradients(share: float) -> None:
+    """The block compiles to one graph planned for every layer's call; at a binding budget
+    the step's measured peak is within it and loss and gradients are eager's."""
+    budget = int(share * _unconstrained_step())
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference, model = llama(), llama()
+    expected = step(reference)
+    compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True)
+    assert step(compiled).item() == pytest.approx(expected.item(), rel=1e-6)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    blocks = [r for r in rematc.records() if r.calls == LAYERS]
+    assert len(blocks) == 1  # compiled once for all the layers
+    assert all(r.calls == 1 for r in rematc.records() if r not in blocks)
+    if share < 1:
+        assert blocks[0].solver != "save_all"
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: step(compiled)) <= budget + OUTSIDE
+
+
+def test_marking_twice_changes_nothing() -> None:
+    model = llama()
+    rematc.mark_regions(model)
+    forwards = [block.forward for block in model.model.layers]
+    assert rematc.mark_regions(model) == ("model.layers", LAYERS)
+    assert [block.forward for block in model.model.layers] == forwards
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_regional_step_under_inductor_holds_the_budget() -> None:
+    budget = int(0.8 * _unconstrained_step())
+    torch._dynamo.reset()
+    reference, model = llama(), llama()
+    step(reference)
+    compiled = rematc.compile(model, budget=budget, compiler="inductor", cache_dir=None, regions=True)
+    step(compiled)
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5)
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: step(compiled)) <= (budget + OUTSIDE) * (1 + PEAK_TOLERANCE)
