@@ -29,7 +29,7 @@ from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
 from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner
-from rematc.regions import block_calls, mark_regions
+from rematc.regions import block_calls, mark_regions, survey
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
@@ -308,6 +308,29 @@ def compile(
             raise ValueError(f"regions=True finds the repeated blocks of a module, got {type(model).__name__}")
         name, count = mark_regions(model)
         log.info("rematc: %d blocks of %s compiled on their own", count, name or "the model")
-    return cast(Callable[..., Any],
-                torch.compile(model, backend=Backend(opts, regions=regions), dynamic=dynamic,
-                              fullgraph=fullgraph))
+    backend = Backend(opts, regions=regions)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    if regions and opts.budget is not None and opts.budget.nbytes is not None:
+        assert isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module)
+        _survey_first_call(compiled, model, backend)
+    return cast(Callable[..., Any], compiled)
+
+
+def _survey_first_call(compiled: torch.nn.Module, model: torch.nn.Module, backend: Backend) -> None:
+    """Before ``compiled``'s first call, survey the step on meta tensors
+    (:func:`rematc.regions.survey`) so that its graphs are planned leaving room for the
+    ones after them. A survey that fails is logged and the step planned without it."""
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        handle.remove()
+        try:
+            backend.share.needs = survey(
+                model, args, kwargs, backend.options,
+                lambda twin, options: torch.compile(twin, backend=Backend(options, regions=True)))
+        except Exception as e:  # the survey only improves the plans: never stop the step for it
+            log.warning("rematc: could not survey the step on meta tensors (%s: %s); each graph is "
+                        "planned without room kept for the graphs after it", type(e).__name__, e)
+        else:
+            log.info("rematc: the step's graphs need at their least %s", backend.share.needs)
+
+    handle = compiled.register_forward_pre_hook(hook, with_kwargs=True)

@@ -140,6 +140,15 @@ def clear_records() -> None:
     _RECORDS.clear()
 
 
+class Need(NamedTuple):
+    """What one graph of a step needs at its least-peak plan."""
+
+    calls: int  # its forwards in flight per step
+    peak: int  # bytes: its least peak, one call
+    holds: int  # bytes that plan holds after its forward, one call
+    grads: int  # bytes of gradients its backward keeps, one call
+
+
 @dataclass
 class BudgetShare:
     """One absolute budget shared by the graphs of one compiled step: graph k is planned
@@ -151,6 +160,9 @@ class BudgetShare:
     problems: dict[tuple[int, int], Problem] = field(default_factory=dict)  # graph -> its problem, no budget
     calls: dict[str, int] = field(default_factory=dict)  # compile id -> graphs so far
     warned: bool = False
+    # What each graph of the step needs at its least, in execution order, when a survey of
+    # the step has said (rematc.regions.survey); empty otherwise.
+    needs: tuple[Need, ...] = ()
 
     def graph(self) -> tuple[int, int] | None:
         """The key of the graph being partitioned now (None outside a Dynamo compile)."""
@@ -160,6 +172,29 @@ class BudgetShare:
         k = self.calls.get(str(cid), 0)
         self.calls[str(cid)] = k + 1
         return (cid.frame_id, k)
+
+    def reserve_after(self, graph: tuple[int, int] | None) -> int:
+        """Bytes the graphs after ``graph`` need beside what it and the earlier graphs
+        hold, from a survey of the step (``needs``, in execution order: see
+        :func:`rematc.regions.survey`); 0 without one. Graph k is the k-th in the step's
+        order among those recorded; for each later graph j, its least peak plus what the
+        graphs between hold at their least-peak plans, the largest of those."""
+        if graph is None or not self.needs:
+            return 0
+        k = sum(1 for g in self.holds if g < graph)
+        reserve, between = 0, 0
+        for need in self.needs[k + 1:]:
+            reserve = max(reserve, between + need.peak + (need.calls - 1) * need.holds)
+            between += need.calls * need.holds
+        return reserve
+
+    def gradients_after(self, graph: tuple[int, int] | None) -> int:
+        """Bytes of gradients the graphs after ``graph`` have produced when its backward
+        runs, from the survey (``needs``); 0 without one."""
+        if graph is None or not self.needs:
+            return 0
+        k = sum(1 for g in self.holds if g < graph)
+        return sum(need.calls * need.grads for need in self.needs[k + 1:])
 
     def held_before(self, graph: tuple[int, int] | None) -> int:
         if graph is None:
@@ -219,9 +254,10 @@ class BudgetShare:
             )
 
 
-# Re-plans of :meth:`RematPartitioner.room_for_calls` before its least-peak plan: each
-# takes off what the other calls held in the last, which shrinks with the budget.
-CALL_ROUNDS = 4
+# Plans of :meth:`RematPartitioner.room_for_calls` before its least-peak plan: each at a
+# budget smaller by the last plan's excess (what it holds shrinks with the budget), or
+# halfway back up.
+CALL_ROUNDS = 6
 # Rounds of :meth:`BudgetShare.smallest_step_budget`: each raises the figure; earlier graphs
 # hold at most their save-all bytes, so it stands within a few.
 MAX_STEP_ROUNDS = 8
@@ -229,6 +265,13 @@ MAX_STEP_ROUNDS = 8
 
 class BudgetWarning(UserWarning):
     """A fraction budget a graph cannot reach: it runs at its smallest feasible peak."""
+
+
+def gradients_of(problem: Problem) -> int:
+    """Bytes of what a graph's backward produces to keep (the parameters' and the inputs'
+    gradients), which stay alive while the step's earlier graphs, or its other calls,
+    run their backwards. The same for every plan."""
+    return sum(n.size for n in problem.nodes[problem.n_forward:] if n.keep and not n.resident)
 
 
 def holds_after_forward(problem: Problem, report: Report) -> int:
@@ -350,12 +393,13 @@ class RematPartitioner(CustomPartitionerFn):
                  "donated (%s): the peak may exceed the predicted %d B by that much",
                  new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
 
-    def least(self, problem: Problem, e: InfeasibleBudgetError, *,
-              graph: tuple[int, int] | None, held: int, asked: int | None) -> tuple[Planned, Problem]:
+    def least(self, problem: Problem, e: InfeasibleBudgetError, *, graph: tuple[int, int] | None,
+              held: int, asked: int | None, after: int = 0) -> tuple[Planned, Problem]:
         """What an infeasible budget leaves: under a fraction, the graph's least-peak plan
         (a fraction asks to shrink; it cannot shrink further) with one warning; under a
         byte budget, :class:`InfeasibleBudgetError` stating the smallest budget for the
-        whole step, whose plans are kept in hand for when it is asked for."""
+        whole step, whose plans are kept in hand for when it is asked for. ``after``: the
+        later graphs' gradients, taken off this graph's budget beside what is ``held``."""
         where = "" if graph is None else f"graph {graph[1]} of frame {graph[0]}: "
         if self.options.calls > 1:
             where += f"{self.options.calls} calls in flight: "
@@ -384,60 +428,90 @@ class RematPartitioner(CustomPartitionerFn):
         if e.plan is not None:
             keep_in_hand(problem.with_budget(e.min_feasible), e.plan, self.options)
         if not held:
-            raise InfeasibleBudgetError(e.budget, e.min_feasible, proven=e.proven, at_least=e.at_least,
+            raise InfeasibleBudgetError(e.budget + after, e.min_feasible + after, proven=e.proven,
+                                        at_least=None if e.at_least is None else e.at_least + after,
                                         where=where) from e
         step = self.share.smallest_step_budget(graph, e.min_feasible, self.options)
-        raise InfeasibleBudgetError(asked, step, proven=False,
+        raise InfeasibleBudgetError(asked, None if step is None else step + after, proven=False,
                                     where=f"{where}with what the earlier graphs hold: ") from e
 
-    def room_for_calls(self, problem: Problem, calls: int, *,
-                       known: Plan | None = None) -> tuple[Planned, Problem]:
-        """A plan that leaves room for ``calls`` forwards of this graph in flight: its peak
-        plus ``calls - 1`` times what it holds after its forward within ``problem.budget``;
-        returned with the problem at the budget it was planned for.
+    def room_for_calls(self, problem: Problem, calls: int, *, known: Plan | None = None,
+                       reserve: int = 0) -> tuple[Planned, Problem]:
+        """A plan that leaves room for ``calls`` forwards of this graph in flight and for
+        the graphs after it: its peak plus ``calls - 1`` times the larger of what it holds
+        after its forward and its gradients within ``problem.budget``, and ``calls`` times
+        what it holds within the budget less ``reserve`` (what the later graphs need beside
+        it, :meth:`BudgetShare.reserve_after`). Returned with the problem at the budget it was
+        planned for.
 
-        The first round plans at the whole budget, each next one at the budget less what
-        the other calls held in the last; the least-peak plan is the last resort. Where
-        that fails too, :class:`InfeasibleBudgetError` states what the least-peak plan
-        needs, with the plan (kept in hand by :meth:`least`, so that asking for that
-        budget gets it)."""
+        The first round plans at the whole budget, each next one at a budget smaller by
+        the excess of the last, or halfway back up where no plan met that; the least-peak
+        plan is the last resort. Where that fails
+        too, :class:`InfeasibleBudgetError` states what the least-peak plan needs, with the
+        plan (kept in hand by :meth:`least`, so that asking for that budget gets it)."""
         room = problem.budget
         assert room is not None
-        tried = problem
-        try:
-            planned: Planned | None = plan_for(problem, self.options, known=known)
-        except InfeasibleBudgetError:
-            planned = None
-        for _ in range(CALL_ROUNDS if planned is not None else 0):
-            assert planned is not None
-            plan = planned.result.plan
-            assert plan is not None and tried.budget is not None
-            others = (calls - 1) * holds_after_forward(tried, check(tried, plan))
-            if check(tried, plan).peak + others <= room:
-                return planned, tried
-            smaller = min(tried.budget - 1, room - others)
-            if smaller < 0:
-                break
-            tried = problem.with_budget(smaller)
+
+        grads = gradients_of(problem)
+
+        def others(holds: int) -> int:
+            # While one call runs, each other one holds its saved values (before its
+            # backward) or its gradients (after): the larger, conservatively.
+            return (calls - 1) * max(holds, grads)
+
+        def excess(tried: Problem, plan: Plan) -> int:
+            report = check(tried, plan)
+            holds = holds_after_forward(tried, report)
+            return max(report.peak + others(holds) - room, calls * holds - (room - reserve))
+
+        # Budgets tried: one taken down by the last plan's excess, or halfway back up
+        # from one no plan met to the last that gave an excess.
+        tried, over_at, none_at = room, room, -1
+        for _ in range(CALL_ROUNDS):
+            attempt = problem.with_budget(tried)
             try:
-                planned = plan_for(tried, self.options)
+                planned = plan_for(attempt, self.options, known=known)
             except InfeasibleBudgetError:
+                none_at = tried
+            else:
+                assert planned.result.plan is not None
+                over = excess(attempt, planned.result.plan)
+                log.debug("rematc: room for %d calls: at %d B a plan peaks at %d B and holds %d B "
+                          "(%d B over)", calls, tried, check(attempt, planned.result.plan).peak,
+                          holds_after_forward(attempt, check(attempt, planned.result.plan)), over)
+                if over <= 0:
+                    return planned, attempt
+                over_at = tried
+                tried -= over
+            if tried <= none_at:
+                tried = (none_at + over_at) // 2
+            if tried <= none_at or tried >= over_at:
                 break
-        try:  # the least-peak plan: a budget of 0 asks for it
+        # The last resorts: the least-peak plan, and the plan that holds least (every
+        # recomputable value recomputed: the block checkpointed whole).
+        try:  # a budget of 0 asks for the least-peak plan
             plan_for(problem.with_budget(0), self.options)
         except InfeasibleBudgetError as e:
-            least = e.plan
+            resorts = [e.plan] if e.plan is not None else []
         else:  # nothing is allocated at all: any plan fits
             return plan_for(problem, self.options), problem
-        if least is None:
+        resorts.append(plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable}))
+        best: tuple[int, float, Plan] | None = None  # (need, added time, plan)
+        for plan in resorts:
+            report = check(problem.with_budget(None), plan)
+            holds = holds_after_forward(problem, report)
+            need = max(report.peak + others(holds), calls * holds + reserve)
+            if best is None or (need, report.added_time) < best[:2]:
+                best = (need, report.added_time, plan)
+        if best is None:
             raise InfeasibleBudgetError(room, None, proven=False)
-        report = check(problem.with_budget(None), least)
-        others = (calls - 1) * holds_after_forward(problem, report)
-        if report.peak + others <= room:
-            fits = _fitting(problem.with_budget(room - others), least, "least-peak")
+        need, _, plan = best
+        if need <= room:
+            holds = holds_after_forward(problem, check(problem.with_budget(None), plan))
+            fits = _fitting(problem.with_budget(room - others(holds)), plan, "least-peak")
             assert fits is not None
-            return Planned(fits, cached=False), problem.with_budget(room - others)
-        raise InfeasibleBudgetError(room, report.peak + others, proven=False, plan=least)
+            return Planned(fits, cached=False), problem.with_budget(room - others(holds))
+        raise InfeasibleBudgetError(room, need, proven=False, plan=plan)
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -473,6 +547,7 @@ class RematPartitioner(CustomPartitionerFn):
         # Saving everything is right at every shape; a plan under a budget is bounded.
         bounds = bound_dynamic_sizes(joint) if budget is not None else ()
         problem = captured.problem.with_budget(None if budget is None else max(0, budget - held))
+        after = 0
         try:
             if budget is None and own is not None:
                 # No budget: the model's own checkpointing is honoured as it is.
@@ -480,12 +555,18 @@ class RematPartitioner(CustomPartitionerFn):
                 assert honoured is not None  # no budget: every plan fits
                 planned = Planned(honoured, cached=False)
             else:
-                if calls > 1 and problem.budget is not None:
-                    planned, problem = self.room_for_calls(problem, calls, known=own)
+                reserve = self.share.reserve_after(graph) if budget is not None else 0
+                after = self.share.gradients_after(graph) if budget is not None else 0
+                if after and problem.budget is not None:
+                    # The later graphs' gradients are alive while this backward runs.
+                    problem = problem.with_budget(max(0, problem.budget - after))
+                if (calls > 1 or reserve) and problem.budget is not None:
+                    planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve)
                 else:
                     planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
-            planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget)
+            planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget,
+                                          after=after)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)

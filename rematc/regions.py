@@ -16,14 +16,21 @@ block keeps its saved values until its backward. The other graphs run once.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 from collections.abc import Callable
+from copy import deepcopy
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["block_calls", "mark_regions", "repeated_blocks"]
+from rematc._torch_compat import tree_leaves, tree_map
+from rematc.options import Options
+from rematc.partition import Need, gradients_of, holds_after_forward
+from solvers import InfeasibleBudgetError, check
+
+__all__ = ["block_calls", "mark_regions", "repeated_blocks", "survey"]
 
 # How many blocks the block running now stands for; None outside a marked block.
 _CALLS: contextvars.ContextVar[int | None] = contextvars.ContextVar("rematc_block_calls", default=None)
@@ -86,3 +93,70 @@ def block_calls() -> int | None:
     """While a marked block runs (and Dynamo compiles its graph): how many blocks it
     stands for; None elsewhere."""
     return _CALLS.get()
+
+
+def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,
+           compile_twin: Callable[[nn.Module, Options], Callable[..., Any]]) -> tuple[Need, ...]:
+    """What each graph of one regional step of ``model(*args, **kwargs)`` needs at its
+    least, in execution order: a twin of ``model`` on ``meta`` tensors (no memory, no
+    data) is compiled regionally on the eager route and run through its backward, and
+    each graph's least-peak plan is found. The real compile then plans each graph with
+    room left for the graphs after it (:meth:`BudgetShare.reserve_after`): a block
+    compiled before the loss head would otherwise take all of the budget.
+    ``compile_twin(twin, options)`` compiles the twin regionally with rematc's backend."""
+    from rematc.partition import _RECORDS, plan_for
+
+    twin = _meta_twin(model)
+    mark_regions(twin)
+    meta = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs))
+    quiet = dataclasses.replace(options, budget=None, compiler="eager", cache_dir=None, verify=False,
+                                calls=1)
+    before = len(_RECORDS)
+    compiled = compile_twin(twin, quiet)
+    loss = _loss_of(compiled(*meta[0], **meta[1]))
+    loss.backward()
+    records = list(_RECORDS)[before:]
+    for _ in records:  # the survey's records are not the user's
+        _RECORDS.pop()
+    needs = []
+    for record in sorted(records, key=lambda r: r.graph or (0, 0)):
+        try:
+            plan_for(record.problem.with_budget(0), quiet)
+        except InfeasibleBudgetError as e:
+            least = e.plan
+        else:
+            least = None
+        report = check(record.problem.with_budget(None), least or record.plan)
+        needs.append(Need(calls=record.calls, peak=report.peak,
+                          holds=holds_after_forward(record.problem, report),
+                          grads=gradients_of(record.problem)))
+    return tuple(needs)
+
+
+def _meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are ``meta`` tensors (nothing of
+    the original's data is copied), its blocks unmarked."""
+    memo: dict[int, Any] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        twin = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(twin, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else twin
+    copy = deepcopy(model, memo)
+    for module in copy.modules():
+        if _MARK in vars(module):  # the class's own forward again, bound to the twin
+            del vars(module)[_MARK]
+            vars(module).pop("forward", None)
+    return copy
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    """The loss a step returns: the output itself, its ``loss`` (transformers), or its
+    first tensor."""
+    if isinstance(output, torch.Tensor):
+        return output if output.dim() == 0 else output.sum()
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not tensors:
+        raise ValueError("the model's output holds no tensor that requires grad")
+    return tensors[0].sum()

@@ -4,6 +4,8 @@ peak within it, loss and gradients equal to eager's."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -117,3 +119,21 @@ def test_regional_step_under_inductor_holds_the_budget() -> None:
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5)
     model.zero_grad(set_to_none=True)
     assert profiler_peak(lambda: step(compiled)) <= (budget + OUTSIDE) * (1 + PEAK_TOLERANCE)
+
+
+def test_the_smallest_budget_a_regional_step_states_runs_within_itself() -> None:
+    """Too tight a budget names the smallest that works for the whole step (the block's
+    calls and the gradients of the graphs after each one counted), and that one does."""
+    tight = int(0.3 * _unconstrained_step())
+    torch._dynamo.reset()
+    compiled = rematc.compile(llama(), budget=tight, compiler="eager", cache_dir=None, regions=True)
+    with pytest.raises(Exception, match="smallest feasible budget is") as info:
+        step(compiled)
+    stated = int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
+    assert stated > tight
+    torch._dynamo.reset()
+    model = llama()
+    compiled = rematc.compile(model, budget=stated, compiler="eager", cache_dir=None, regions=True)
+    step(compiled)
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: step(compiled)) <= stated + OUTSIDE

@@ -1,0 +1,178 @@
+"""Regional against whole-model compilation of a deep transformers Llama, side by side.
+
+Each configuration runs in a fresh process (Dynamo and Inductor start cold; Inductor's
+caches are off), the processes alternating over ``--rounds``. Each reports its first
+step (compile, plan and run), the median of its next steps, and its measured peak (the
+profiler's allocation events over one step, above what was alive before it). rematc's
+budgets are set from HF gradient checkpointing's measured peak under the default
+``torch.compile``, measured first in the same run.
+
+    python -m bench.regions --layers 32 --rounds 2 --out bench/results/regions
+
+Configurations: ``compile`` (default ``torch.compile``, whole model), ``compile_regional``
+(each decoder layer ``.compile()``d, PyTorch's regional recipe), ``hf_ckpt`` (HF
+``gradient_checkpointing_enable()``, whole-model compile), and rematc at a share of
+``hf_ckpt``'s peak: ``rematc_whole@S``, ``rematc_regions@S`` and ``rematc_regions_warm@S``
+(a second process reading the plan cache the first wrote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MiB = 2**20
+STEPS = 5  # steps timed after the first
+
+
+def build(layers: int) -> tuple[Any, Any]:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=344, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=layers, vocab_size=1024,
+                                      max_position_embeddings=256, use_cache=False)
+    config._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(config)
+    model.train()
+    ids = torch.randint(0, 1024, (4, 256), generator=torch.Generator().manual_seed(0))
+    return model, ids
+
+
+def worker(config: str, layers: int, budget: int | None, cache: str) -> dict[str, Any]:
+    """One configuration in this process: its first step, step median, peak and loss."""
+    import torch
+
+    import rematc
+    from rematc.memory import profiler_peak
+
+    model, ids = build(layers)
+    if config == "hf_ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config in ("compile", "hf_ckpt"):
+        compiled: Any = torch.compile(model)
+    elif config == "compile_regional":
+        for layer in model.model.layers:
+            layer.compile()
+        compiled = model
+    else:
+        compiled = rematc.compile(model, budget=budget, cache_dir=cache,
+                                  regions=config.startswith("rematc_regions"))
+
+    def step() -> float:
+        loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return float(loss.item())
+
+    t = time.perf_counter()
+    loss = step()
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(STEPS):
+        model.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(step)
+    records = rematc.records()
+    predicted = max((r.held_before + r.predicted_peak + (r.calls - 1) * r.holds for r in records), default=None)
+    solve = sum(r.partition_time for r in records)
+    return {"config": config, "budget": budget, "first_step": first, "step": statistics.median(times),
+            "peak": peak, "predicted": predicted, "loss": loss, "partition_time": solve,
+            "cached": all(r.cached for r in records) if records else None}
+
+
+def run(config: str, layers: int, budget: int | None, cache: str) -> dict[str, Any]:
+    env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    args = [sys.executable, "-m", "bench.regions", "--worker", config, "--layers", str(layers),
+            "--cache", cache] + ([] if budget is None else ["--budget", str(budget)])
+    done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"config": config, "budget": budget, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    return dict(json.loads(lines[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.8])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--worker")
+    parser.add_argument("--budget", type=int)
+    parser.add_argument("--cache", default="off")
+    a = parser.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache)))
+        return
+    rows: list[dict[str, Any]] = []
+    reference = run("hf_ckpt", a.layers, None, "off")
+    rows.append({**reference, "round": 0})
+    for r in range(a.rounds):
+        plans = tempfile.mkdtemp(prefix="rematc-plans-")
+        configs: list[tuple[str, int | None, str]] = [("compile", None, "off"), ("compile_regional", None, "off"),
+                                                     ("hf_ckpt", None, "off")]
+        for share in a.shares:
+            nbytes = int(share * reference["peak"])
+            configs += [(f"rematc_regions@{share}", nbytes, plans), (f"rematc_regions_warm@{share}", nbytes, plans)]
+        configs.append((f"rematc_whole@{a.shares[0]}", int(a.shares[0] * reference["peak"]), "off"))
+        if r % 2:  # alternate the order, the warm runs still after their cold ones
+            configs = configs[::-1]
+            configs = sorted(configs, key=lambda c: "_warm@" in c[0])
+        for config, budget, cache in configs:
+            row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache),
+                   "config": config, "round": r + 1}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    table = render(rows, a.layers)
+    print(table)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / f"llama{a.layers}-regions.md").write_text(table + "\n")
+        (a.out / f"llama{a.layers}-regions.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def render(rows: list[dict[str, Any]], layers: int) -> str:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["round"]:
+            by.setdefault(row["config"], []).append(row)
+    base = by.get("compile", [])
+    out = [f"transformers Llama, {layers} layers, hidden 128, batch 4, seq 256 (CPU, medians over rounds)", "",
+           "| config | budget MiB | first step s | x compile's | step s | x hf_ckpt's | peak MiB | predicted MiB | loss |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    ckpt = by.get("hf_ckpt", [])
+    for config, runs in by.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            out.append(f"| {config} | {runs[0].get('budget')} | {runs[0]['error'][:80]} | | | | | | |")
+            continue
+        first = statistics.median(r["first_step"] for r in ok)
+        step = statistics.median(r["step"] for r in ok)
+        regional = config.startswith("rematc_regions") or config == "compile_regional"
+        ref = by.get("compile_regional" if regional else "compile", base)
+        ref_first = statistics.median(r["first_step"] for r in ref if "error" not in r) if ref else float("nan")
+        ref_step = statistics.median(r["step"] for r in ckpt if "error" not in r) if ckpt else float("nan")
+        budget = ok[0]["budget"]
+        predicted = ok[0].get("predicted")
+        out.append(f"| {config} | {'' if budget is None else f'{budget / MiB:.2f}'} | {first:.1f} | "
+                   f"{first / ref_first:.2f} | {step:.3f} | {step / ref_step:.2f} | {max(r['peak'] for r in ok) / MiB:.2f} | "
+                   f"{'' if predicted is None else f'{predicted / MiB:.2f}'} | {ok[0]['loss']:.5f} |")
+    out += ["", "x compile's: the first step against the default compile of the same kind (regional "
+            "against compile_regional, whole against compile)."]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
