@@ -620,7 +620,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
         return known
     model, solver = prepare(problem, config)
     watch = Watch()
-    code = search(solver, model.cp, config, watch)
+    code = search(solver, model.cp, config, watch, seeded=model.seed is not None)
     return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
 
 

@@ -131,7 +131,8 @@ def solve_watched(
 
     def run() -> None:
         try:
-            codes.append(search(solver, model.cp, config, watcher))
+            codes.append(search(solver, model.cp, config, watcher,
+                                seeded=getattr(model, "seed", None) is not None))
         except BaseException as e:  # re-raised in the calling thread
             errors.append(e)
         finally:

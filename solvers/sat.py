@@ -84,11 +84,14 @@ class Watch(cp_model.CpSolverSolutionCallback):
 
 
 def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig,
-           watch: Watch | None = None, *, tick: float = 0.1) -> cp_model.CpSolverStatus:
+           watch: Watch | None = None, *, seeded: bool = False,
+           tick: float = 0.1) -> cp_model.CpSolverStatus:
     """``solver.solve(cp)``, stopped once ``config.stall_time`` seconds pass after the last
-    better plan (never before the first). CP-SAT has no such limit of its own: a thread
-    beside the search watches the incumbents and calls ``stop_search``. Not under
-    ``config.deterministic``: when a wall-clock watch stops the search depends on the load."""
+    better plan (never before the first; ``seeded``: a plan is in hand from the start, the
+    seed the model is hinted with, which CP-SAT may never report as its own). CP-SAT has
+    no such limit of its own: a thread beside the search watches the incumbents and calls
+    ``stop_search``. Not under ``config.deterministic``: when a wall-clock watch stops the
+    search depends on the load."""
     if config.stall_time <= 0 or config.deterministic:
         return solver.solve(cp, watch) if watch is not None else solver.solve(cp)
     watch = watch if watch is not None else Watch()
@@ -97,7 +100,8 @@ def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig
     def stop_when_stalled() -> None:
         while not done.wait(tick):
             with watch.lock:
-                stalled = watch.solutions > 0 and time.perf_counter() - watch.last_found > config.stall_time
+                found = watch.solutions > 0 or seeded
+                stalled = found and time.perf_counter() - watch.last_found > config.stall_time
             if stalled:
                 watch.stalled = True
                 solver.stop_search()
