@@ -96,8 +96,13 @@ class PartitionRecord:
     recomputed: tuple[str, ...]  # FX names of forward nodes recomputed in the backward
     problem: Problem
     plan: Plan
-    # What produced the plan: "save_all", "cpsat", "greedy" (fallback), "checkpointing"
-    # (no budget: the model's own activation checkpointing, as it is).
+    # What produced the plan. The partitioner's own: "save_all", "checkpointing" (no
+    # budget: the model's own activation checkpointing, as it is), "greedy" (fallback),
+    # "least-peak" (a fraction it cannot reach, or the last resort for several calls),
+    # "in-hand" (a plan an error stated). The solvers': "cpsat", "cpsat-anywhere",
+    # "local-search", "greedy-anywhere", "chain", "chain-min-peak", "multilevel",
+    # "multilevel-min-peak", "checkpoint_every_{k}" (and "+offload"), "recompute-only",
+    # "known-min-peak", "free_least_peak", "stated", "sqrt_n", "knapsack".
     solver: str = ""
     # FX names of the backward's further copies of nodes it recomputes more than once
     again: tuple[str, ...] = ()
