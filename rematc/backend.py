@@ -10,7 +10,9 @@ recompilations) share its budget (:class:`rematc.partition.BudgetShare`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 import warnings
@@ -28,7 +30,7 @@ from rematc.fusion import keep_plan_order
 from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
-from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner
+from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner, keep_in_hand
 from rematc.regions import block_calls, mark_regions, survey
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
@@ -90,8 +92,12 @@ class Backend:
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
                   partitioner: RematPartitioner) -> Callable[..., Any]:
         """Compile with Inductor, then hold the budget against the generated code: where
-        its peak (``rematc.generated``) is above the budget, re-plan with the excess taken
-        off, at most :data:`REPLANS` times, then warn with the numbers."""
+        its peak (``rematc.generated``) is above the budget, re-plan with the budget less
+        the gap between the code's peak and the plan's prediction (so the plan changes),
+        at most :data:`REPLANS` times. Still above a byte budget: an
+        :class:`InfeasibleBudgetError` stating the code's peak as the smallest budget that
+        holds, its plan kept in hand so that asking for it gets that code; above a fraction
+        (a request to shrink): a warning with the numbers."""
         compiled = self._compile_inductor(gm, example_inputs, partitioner)
         first = partitioner.record
         if first is None or first.budget is None:
@@ -99,26 +105,34 @@ class Backend:
         target = first.budget  # this graph's share of the budget, as first planned
         for _ in range(REPLANS):
             record = partitioner.record
-            if record is None or record.generated_peak is None:
+            if record is None or record.generated_peak is None or record.budget is None:
                 return compiled
-            excess = record.generated_peak - target
-            if excess <= 0:
+            if record.generated_peak <= target:
                 return compiled
-            log.info("rematc: the generated code peaks %d B above the budget (%d B); re-planning "
-                     "with that taken off", excess, target)
-            partitioner.squeeze += excess
+            gap = record.generated_peak - record.predicted_peak
+            log.info("rematc: the generated code peaks %d B above the budget (%d B), %d B above the "
+                     "plan's prediction; re-planning with that taken off", record.generated_peak - target,
+                     target, gap)
+            partitioner.squeeze += record.budget - (target - max(gap, record.generated_peak - target))
             try:
                 compiled = self._compile_inductor(gm, example_inputs, partitioner)
             except InfeasibleBudgetError:
                 partitioner.record = record  # the plan compiled last stands
                 break
         record = partitioner.record
-        if record is not None and record.generated_peak is not None and record.generated_peak > target:
-            warnings.warn(
-                f"rematc: the code Inductor generated peaks at {record.generated_peak} B, "
+        if record is None or record.generated_peak is None or record.generated_peak <= target:
+            return compiled
+        over = (f"the code Inductor generated peaks at {record.generated_peak} B, "
                 f"{record.generated_peak - target} B above the budget of {target} B (the plan "
                 f"predicted {record.predicted_peak} B with {record.squeezed} B taken off the "
-                f"budget); the peak is at {record.generated_at}", OverBudgetWarning, stacklevel=2)
+                f"budget); the peak is at {record.generated_at}")
+        if self.options.budget is not None and self.options.budget.fraction is None:
+            keep_in_hand(record.problem.with_budget(record.generated_peak), record.plan, partitioner.options)
+            outside = (first.step_budget or target) - target  # held by other graphs, and theirs
+            where = "" if record.graph is None else f"graph {record.graph[1]} of frame {record.graph[0]}: "
+            raise InfeasibleBudgetError(target + outside, record.generated_peak + outside, proven=False,
+                                        plan=record.plan, where=f"{where}{over}: ")
+        warnings.warn(f"rematc: {over}", OverBudgetWarning, stacklevel=2)
         return compiled
 
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
@@ -310,6 +324,11 @@ def compile(
         log.info("rematc: %d blocks of %s compiled on their own", count, name or "the model")
     backend = Backend(opts, regions=regions)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    if isinstance(model, torch.nn.Module):
+        # The compiled module's forward takes (*args, **kwargs); trainers that keep only
+        # the columns a model's forward names (transformers' Trainer) read it.
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            compiled.forward.__signature__ = inspect.signature(model.forward)  # type: ignore[attr-defined]
     if regions and opts.budget is not None and opts.budget.nbytes is not None:
         assert isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module)
         _survey_first_call(compiled, model, backend)

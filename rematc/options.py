@@ -22,6 +22,9 @@ from solvers.sat import MAX_SEED, MAX_WORKERS
 # the seventh, 1% of the step).
 DEFAULT_SOLVER = SolverConfig(time_limit=60.0, step_gap=0.01, stall_time=10.0)
 COMPILERS = ("inductor", "eager")
+# The environment variable read for a budget when none is given (as a size, a fraction
+# or "auto"): a budget set without code changes.
+BUDGET_ENV = "REMATC_BUDGET"
 # ``cache_dir`` values: "auto" is $REMATC_CACHE_DIR when set, else ~/.cache/rematc;
 # None or "off" turns the plan cache off (see rematc.plancache).
 CACHE_AUTO, CACHE_OFF = "auto", "off"
@@ -152,7 +155,14 @@ class Options:
             if not isinstance(flag, bool):
                 raise ValueError(f"option 'deterministic' must be True or False, got {flag!r}")
             solver_args["deterministic"] = flag
-        if "budget" in options and options["budget"] is not None:
+        if options.get("budget") is None and os.environ.get(BUDGET_ENV, "").strip():
+            # A budget set without code changes (a trainer's compile call left as it is).
+            try:
+                options["budget"] = parse_budget(os.environ[BUDGET_ENV].strip())
+            except ValueError as e:
+                raise ValueError(f"${BUDGET_ENV}: {e}") from e
+            options.setdefault("budget_origin", f"${BUDGET_ENV}={os.environ[BUDGET_ENV].strip()}")
+        elif "budget" in options and options["budget"] is not None:
             options["budget"] = parse_budget(options["budget"])
         return Options(solver=dataclasses.replace(DEFAULT_SOLVER, **solver_args), **options)
 

@@ -1,0 +1,114 @@
+"""rematc from the trainers people use: transformers' Trainer and accelerate's
+Accelerator, two optimizer steps on a tiny Llama at a binding budget, the losses equal to
+the same trainer's without rematc and the records showing the budget applied. The
+snippets of docs/trainers.md are this code."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import rematc
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 2
+BUDGET = 600_000  # bytes: 73% of the tiny Llama's unconstrained step at batch 2 (818,436 B)
+
+
+def llama() -> Any:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=128,
+                                      max_position_embeddings=64, use_cache=False)
+    return transformers.LlamaForCausalLM(config)
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Rows of token ids, each its own labels (the model shifts them)."""
+
+    def __init__(self, rows: int = 8, seq: int = 32) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, 128, (rows, seq), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def trainer_losses(model: Any, tmp_path: Any) -> list[float]:
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=2, learning_rate=1e-3,
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, data_seed=0,
+        dataloader_num_workers=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+    trainer.train()
+    return [row["loss"] for row in trainer.state.log_history if "loss" in row]
+
+
+def test_transformers_trainer_trains_the_compiled_model_within_its_budget(tmp_path: Any) -> None:
+    """The compiled model keeps its forward's signature, so the Trainer keeps the batch's
+    columns (it dropped them all: "The batch received was empty")."""
+    expected = trainer_losses(llama(), tmp_path / "eager")
+    torch._dynamo.reset()
+    rematc.clear_records()
+    model = rematc.compile(llama(), budget=BUDGET, compiler="eager", cache_dir=None)
+    losses = trainer_losses(model, tmp_path / "rematc")
+    assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
+    assert losses == pytest.approx(expected, rel=1e-4)
+    records = rematc.records()
+    assert records and all(r.step_budget == BUDGET for r in records)
+    assert any(r.solver != "save_all" for r in records)  # the budget binds
+
+
+def test_a_budget_from_the_environment_applies_without_code_changes(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile(model, backend="rematc")`` as a trainer calls it, the budget in
+    ``REMATC_BUDGET``."""
+    monkeypatch.setenv("REMATC_BUDGET", str(BUDGET))
+    model = torch.compile(llama(), backend="rematc", options={"compiler": "eager", "cache_dir": None})
+    ids = Tokens()[0]["input_ids"][None]
+    model(input_ids=ids, labels=ids).loss.backward()
+    records = rematc.records()
+    assert records and all(r.step_budget == BUDGET for r in records)
+    assert all(r.budget_origin == f"$REMATC_BUDGET={BUDGET}" for r in records)
+
+
+def test_a_malformed_budget_in_the_environment_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REMATC_BUDGET", "lots")
+    with pytest.raises(ValueError, match=r"^\$REMATC_BUDGET: "):
+        rematc.Options.from_mapping(None)
+
+
+def accelerate_losses(model: Any, *, compiled: bool) -> list[float]:
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if compiled:
+        model = rematc.compile(model, budget=BUDGET, compiler="eager", cache_dir=None)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    data = Tokens()
+    losses = []
+    for step in range(STEPS):
+        batch = data[2 * step]["input_ids"][None].repeat(2, 1)
+        loss = model(input_ids=batch, labels=batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_accelerate_trains_the_compiled_model_within_its_budget() -> None:
+    expected = accelerate_losses(llama(), compiled=False)
+    torch._dynamo.reset()
+    rematc.clear_records()
+    losses = accelerate_losses(llama(), compiled=True)
+    assert losses == pytest.approx(expected, rel=1e-4)
+    records = rematc.records()
+    assert records and all(r.step_budget == BUDGET for r in records)
