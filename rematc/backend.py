@@ -31,7 +31,7 @@ from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
 from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner, keep_in_hand
-from rematc.regions import block_calls, mark_regions, survey
+from rematc.regions import block_calls, cached_survey, mark_regions
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
@@ -343,7 +343,7 @@ def _survey_first_call(compiled: torch.nn.Module, model: torch.nn.Module, backen
     def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         handle.remove()
         try:
-            backend.share.needs = survey(
+            backend.share.needs = cached_survey(
                 model, args, kwargs, backend.options,
                 lambda twin, options: torch.compile(twin, backend=Backend(options, regions=True)))
         except Exception as e:  # the survey only improves the plans: never stop the step for it

@@ -130,6 +130,7 @@ class PartitionRecord:
     # step's budget in bytes that they and the earlier graphs share (None without one).
     calls: int = 1
     step_budget: int | None = None
+    grads: int = 0  # bytes of the parameters' gradients its backward produces
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -191,7 +192,7 @@ class BudgetShare:
         for need in self.needs[k + 1:]:
             reserve = max(reserve, between + need.peak + (need.calls - 1) * need.holds)
             between += need.calls * need.holds
-        return reserve
+        return int(SURVEY_MARGIN * reserve)
 
     def gradients_after(self, graph: tuple[int, int] | None) -> int:
         """Bytes of gradients the graphs after ``graph`` have produced when its backward
@@ -259,6 +260,11 @@ class BudgetShare:
             )
 
 
+# What a graph keeps for the graphs after it, as a multiple of what the survey found
+# they need: the survey traces the step on meta tensors, where some ops take other paths
+# (attention as explicit softmax; the loss head of the tests' Llama needed 163,844 B on
+# the CPU against 114,692 B on meta, 1.43x).
+SURVEY_MARGIN = 1.5
 # Plans of :meth:`RematPartitioner.room_for_calls` before its least-peak plan: each at a
 # budget smaller by the last plan's excess (what it holds shrinks with the budget), or
 # halfway back up.
@@ -272,11 +278,20 @@ class BudgetWarning(UserWarning):
     """A fraction budget a graph cannot reach: it runs at its smallest feasible peak."""
 
 
-def gradients_of(problem: Problem) -> int:
-    """Bytes of what a graph's backward produces to keep (the parameters' and the inputs'
-    gradients), which stay alive while the step's earlier graphs, or its other calls,
-    run their backwards. The same for every plan."""
-    return sum(n.size for n in problem.nodes[problem.n_forward:] if n.keep and not n.resident)
+def parameter_gradients(joint: fx.GraphModule, num_fwd_outputs: int, static: Sequence[int]) -> int:
+    """Bytes of the gradients a joint graph's backward produces for its static inputs (the
+    parameters): they stay alive, accumulated, while the step's earlier graphs, or its
+    other calls, run their backwards. An input's gradient is not counted: the backward
+    that reads it frees it. The same for every plan."""
+    outputs = joint.graph.output_node().args[0]
+    grads = list(outputs)[num_fwd_outputs:] if isinstance(outputs, list | tuple) else []
+    total = 0
+    for i in static:
+        grad = grads[i] if i < len(grads) else None
+        val = grad.meta.get("val") if isinstance(grad, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            total += int(optimization_hint(val.numel())) * val.element_size()
+    return total
 
 
 def holds_after_forward(problem: Problem, report: Report) -> int:
@@ -441,12 +456,13 @@ class RematPartitioner(CustomPartitionerFn):
                                     where=f"{where}with what the earlier graphs hold: ") from e
 
     def room_for_calls(self, problem: Problem, calls: int, *, known: Plan | None = None,
-                       reserve: int = 0) -> tuple[Planned, Problem]:
+                       reserve: int = 0, grads: int = 0) -> tuple[Planned, Problem]:
         """A plan that leaves room for ``calls`` forwards of this graph in flight and for
-        the graphs after it: its peak plus ``calls - 1`` times the larger of what it holds
-        after its forward and its gradients within ``problem.budget``, and ``calls`` times
-        what it holds within the budget less ``reserve`` (what the later graphs need beside
-        it, :meth:`BudgetShare.reserve_after`). Returned with the problem at the budget it was
+        the graphs after it, within ``problem.budget``: its forward's peak plus ``calls - 1``
+        times what it holds after its forward; its backward's peak plus ``calls - 1`` times
+        the larger of that and its parameters' gradients (``grads``, bytes); and ``calls``
+        times what it holds plus ``reserve`` (what the later graphs need beside it,
+        :meth:`BudgetShare.reserve_after`). Returned with the problem at the budget it was
         planned for.
 
         The first round plans at the whole budget, each next one at a budget smaller by
@@ -457,17 +473,18 @@ class RematPartitioner(CustomPartitionerFn):
         room = problem.budget
         assert room is not None
 
-        grads = gradients_of(problem)
-
-        def others(holds: int) -> int:
-            # While one call runs, each other one holds its saved values (before its
-            # backward) or its gradients (after): the larger, conservatively.
-            return (calls - 1) * max(holds, grads)
+        def need(report: Report) -> int:
+            # While this call's forward runs, each other one holds its saved values; while
+            # its backward runs, each other one holds those (its backward has not run) or
+            # its parameters' gradients (it has): the larger, conservatively.
+            holds = holds_after_forward(problem, report)
+            forward = max(report.timeline[:problem.n_forward], default=0)
+            backward = max(report.timeline[problem.n_forward:], default=0)
+            return max(forward + (calls - 1) * holds, backward + (calls - 1) * max(holds, grads),
+                       calls * holds + reserve)
 
         def excess(tried: Problem, plan: Plan) -> int:
-            report = check(tried, plan)
-            holds = holds_after_forward(tried, report)
-            return max(report.peak + others(holds) - room, calls * holds - (room - reserve))
+            return need(check(tried, plan)) - room
 
         # Budgets tried: one taken down by the last plan's excess, or halfway back up
         # from one no plan met to the last that gave an excess.
@@ -501,22 +518,20 @@ class RematPartitioner(CustomPartitionerFn):
         else:  # nothing is allocated at all: any plan fits
             return plan_for(problem, self.options), problem
         resorts.append(plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable}))
-        best: tuple[int, float, Plan] | None = None  # (need, added time, plan)
+        best: tuple[int, float, int, Plan] | None = None  # (need, added time, peak, plan)
         for plan in resorts:
             report = check(problem.with_budget(None), plan)
-            holds = holds_after_forward(problem, report)
-            need = max(report.peak + others(holds), calls * holds + reserve)
-            if best is None or (need, report.added_time) < best[:2]:
-                best = (need, report.added_time, plan)
+            if best is None or (need(report), report.added_time) < best[:2]:
+                best = (need(report), report.added_time, report.peak, plan)
         if best is None:
             raise InfeasibleBudgetError(room, None, proven=False)
-        need, _, plan = best
-        if need <= room:
-            holds = holds_after_forward(problem, check(problem.with_budget(None), plan))
-            fits = _fitting(problem.with_budget(room - others(holds)), plan, "least-peak")
+        least, _, peak, plan = best
+        if least <= room:
+            fitted = problem.with_budget(peak + room - least)
+            fits = _fitting(fitted, plan, "least-peak")
             assert fits is not None
-            return Planned(fits, cached=False), problem.with_budget(room - others(holds))
-        raise InfeasibleBudgetError(room, need, proven=False, plan=plan)
+            return Planned(fits, cached=False), fitted
+        raise InfeasibleBudgetError(room, least, proven=False, plan=plan)
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -540,6 +555,7 @@ class RematPartitioner(CustomPartitionerFn):
             self._graph = (self.share.graph(),)
         graph = self._graph[0]
         budget, held, calls = None, 0, self.options.calls
+        grads = parameter_gradients(joint, num_fwd_outputs, static)
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:
@@ -566,7 +582,8 @@ class RematPartitioner(CustomPartitionerFn):
                     # The later graphs' gradients are alive while this backward runs.
                     problem = problem.with_budget(max(0, problem.budget - after))
                 if (calls > 1 or reserve) and problem.budget is not None:
-                    planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve)
+                    planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
+                                                           grads=grads)
                 else:
                     planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
@@ -603,7 +620,7 @@ class RematPartitioner(CustomPartitionerFn):
             partition_time=time.perf_counter() - t0, saved=emitted.saved,
             recomputed=emitted.recomputed, again=emitted.again, problem=problem, plan=result.plan,
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
-            holds=holds, size_bounds=bounds, calls=calls,
+            holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze,
         )

@@ -74,7 +74,7 @@ def key(problem: Problem, config: SolverConfig, compiler: str = "") -> str:
         "problem": problem_to_json(problem),
         # Every setting that can change the plan; the search log cannot.
         "solver": {k: v for k, v in dataclasses.asdict(config).items() if k != "log"},
-        "versions": _versions(),
+        "versions": versions(),
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -122,7 +122,32 @@ def store(root: pathlib.Path, digest: str, result: SolveResult) -> None:
         "plan": plan_to_json(result.plan), "objective": result.objective,
         "bound": result.bound, "wall_time": result.wall_time, "solver": result.solver,
     }
+    _write(_path(root, digest), digest, entry, what="the plan is used uncached")
+
+
+def load_note(root: pathlib.Path, digest: str) -> Any:
+    """A JSON note stored by :func:`store_note` under ``digest`` (what a step's survey
+    found, ``rematc.regions``), or None where there is none or it does not parse."""
     path = _path(root, digest)
+    try:
+        entry = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != digest:
+            raise ValueError("not an entry of this format and key")
+        return entry["note"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, RecursionError) as e:
+        log.warning("rematc plan cache: ignoring %s (%s)", path, e)
+        return None
+
+
+def store_note(root: pathlib.Path, digest: str, note: Any) -> None:
+    """Write a JSON ``note`` under ``digest`` atomically; a failure is logged."""
+    _write(_path(root, digest), digest, {"format": FORMAT, "key": digest, "note": note},
+           what="it is found again next time")
+
+
+def _write(path: pathlib.Path, digest: str, entry: dict[str, Any], *, what: str) -> None:
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +160,7 @@ def store(root: pathlib.Path, digest: str, result: SolveResult) -> None:
         os.replace(tmp, path)
         tmp = None
     except OSError as e:
-        log.warning("rematc plan cache: cannot write %s (%s); the plan is used uncached", path, e)
+        log.warning("rematc plan cache: cannot write %s (%s); %s", path, e, what)
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -147,7 +172,7 @@ def _path(root: pathlib.Path, digest: str) -> pathlib.Path:
 
 
 @functools.cache
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
     """Package versions, plus a hash of the solver sources: an edited solver in a
     development install must not reuse plans of the old one."""
     out = {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import hashlib
+import json
 from collections.abc import Callable
 from copy import deepcopy
 from typing import Any
@@ -25,12 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from rematc import plancache
 from rematc._torch_compat import tree_leaves, tree_map
 from rematc.options import Options
-from rematc.partition import Need, gradients_of, holds_after_forward
+from rematc.partition import Need, holds_after_forward
 from solvers import InfeasibleBudgetError, check
 
-__all__ = ["block_calls", "mark_regions", "repeated_blocks", "survey"]
+__all__ = ["block_calls", "cached_survey", "mark_regions", "repeated_blocks", "survey"]
 
 # How many blocks the block running now stands for; None outside a marked block.
 _CALLS: contextvars.ContextVar[int | None] = contextvars.ContextVar("rematc_block_calls", default=None)
@@ -129,8 +132,46 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
         report = check(record.problem.with_budget(None), least or record.plan)
         needs.append(Need(calls=record.calls, peak=report.peak,
                           holds=holds_after_forward(record.problem, report),
-                          grads=gradients_of(record.problem)))
+                          grads=record.grads))
     return tuple(needs)
+
+
+def cached_survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,
+                  compile_twin: Callable[[nn.Module, Options], Callable[..., Any]]) -> tuple[Need, ...]:
+    """:func:`survey`, read from the plan cache where an earlier run of the same model,
+    inputs' shapes and options stored it (it costs a Dynamo trace of the model), and
+    stored there otherwise."""
+    root = plancache.directory(options.cache_dir)
+    if root is None:
+        return survey(model, args, kwargs, options, compile_twin)
+    digest = _survey_key(model, args, kwargs, options)
+    note = plancache.load_note(root, digest)
+    if isinstance(note, list) and all(isinstance(n, list) and len(n) == len(Need._fields) for n in note):
+        return tuple(Need(*(int(x) for x in n)) for n in note)
+    needs = survey(model, args, kwargs, options, compile_twin)
+    plancache.store_note(root, digest, [list(n) for n in needs])
+    return needs
+
+
+def _survey_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options) -> str:
+    """SHA-256 of what a survey depends on: the model's class and its parameters' and
+    buffers' names, shapes, dtypes and grads, the inputs' shapes and dtypes (other
+    inputs by repr), the options, and the versions the plan cache keys on."""
+    def describe(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            return [list(t.shape), str(t.dtype), t.requires_grad]
+        return repr(t)
+
+    material = {
+        "format": "rematc.survey/1",
+        "model": type(model).__qualname__,
+        "state": [[name, *describe(t)] for name, t in (*model.named_parameters(), *model.named_buffers())],
+        "inputs": [describe(t) for t in tree_leaves((args, kwargs))],
+        "kwargs": sorted(kwargs),
+        "options": options.cache_key(),
+        "versions": plancache.versions(),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def _meta_twin(model: nn.Module) -> nn.Module:
