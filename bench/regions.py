@@ -85,7 +85,8 @@ def worker(config: str, layers: int, budget: int | None, cache: str) -> dict[str
     model.zero_grad(set_to_none=True)
     peak = profiler_peak(step)
     records = rematc.records()
-    predicted = max((r.held_before + r.predicted_peak + (r.calls - 1) * r.holds for r in records), default=None)
+    predicted = max((r.held_before + r.predicted_peak + (r.calls - 1) * max(r.holds, r.grads) for r in records),
+                    default=None)
     solve = sum(r.partition_time for r in records)
     return {"config": config, "budget": budget, "first_step": first, "step": statistics.median(times),
             "peak": peak, "predicted": predicted, "loss": loss, "partition_time": solve,
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.8])
+    parser.add_argument("--only", nargs="+", help="run only the configurations named (prefixes)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker")
     parser.add_argument("--budget", type=int)
@@ -127,6 +129,8 @@ def main() -> None:
             nbytes = int(share * reference["peak"])
             configs += [(f"rematc_regions@{share}", nbytes, plans), (f"rematc_regions_warm@{share}", nbytes, plans)]
         configs.append((f"rematc_whole@{a.shares[0]}", int(a.shares[0] * reference["peak"]), "off"))
+        if a.only:
+            configs = [c for c in configs if any(c[0].startswith(p) for p in a.only)]
         if r % 2:  # alternate the order, the warm runs still after their cold ones
             configs = configs[::-1]
             configs = sorted(configs, key=lambda c: "_warm@" in c[0])
@@ -137,6 +141,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     table = render(rows, a.layers)
     print(table)
+    if a.out and a.only:  # a partial run beside the last full one
+        a.out = a.out / "partial"
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / f"llama{a.layers}-regions.md").write_text(table + "\n")

@@ -72,8 +72,12 @@ class Backend:
         # backward: its plan leaves room for every call.
         calls = block_calls()
         options = self.options if calls is None else dataclasses.replace(self.options, calls=calls)
+        if self.regions and calls is None:
+            # Regional compilation sends the blocks to Inductor and runs the rest as it is,
+            # planned: the model around the blocks is little compute and much compile time.
+            options = dataclasses.replace(options, compiler="eager")
         partitioner = RematPartitioner(options, self.share)
-        if self.options.compiler == "inductor":
+        if options.compiler == "inductor":
             compiled = self._inductor(gm, example_inputs, partitioner)
         else:
             # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
