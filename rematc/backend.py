@@ -30,7 +30,13 @@ from rematc.fusion import keep_plan_order
 from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
-from rematc.partition import BudgetShare, PartitionRecord, RematPartitioner, keep_in_hand
+from rematc.partition import (
+    BudgetShare,
+    BudgetWarning,
+    PartitionRecord,
+    RematPartitioner,
+    keep_in_hand,
+)
 from rematc.regions import block_calls, cached_survey, mark_regions
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
@@ -318,6 +324,12 @@ def compile(
             raise ValueError(f"budget='auto' is the free memory of the accelerator the model runs on, and "
                              f"this model's parameters are on {where}: give the budget in bytes ('2GiB') "
                              f"or as a fraction ('40%')")
+    if opts.budget is not None and isinstance(model, torch.nn.Module) and _sharded(model):
+        warnings.warn(
+            "rematc: the model is sharded with FSDP2, which gathers each module's parameters "
+            "outside the compiled graphs while it runs: the budget does not count those buffers, "
+            "so the step's peak may exceed it by one module's gathered parameters and gradients",
+            BudgetWarning, stacklevel=2)
     if regions:
         if fullgraph:
             raise ValueError("regions=True compiles each block as a graph of its own, so the model's "
@@ -337,6 +349,15 @@ def compile(
         assert isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module)
         _survey_first_call(compiled, model, backend)
     return cast(Callable[..., Any], compiled)
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether a module of ``model`` is sharded with FSDP2 (``fully_shard``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _survey_first_call(compiled: torch.nn.Module, model: torch.nn.Module, backend: Backend) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from rematc.models import GPTConfig, make_gpt
 
 STEPS = 3
 BATCH = 2
+BLOCKS_SHARE = 0.8  # of the per-block reference's measured peak: the budget per rank
 
 
 def train(wrapper: str, backend: Any) -> dict[str, Any]:
@@ -51,6 +53,47 @@ def train(wrapper: str, backend: Any) -> dict[str, Any]:
             "collectives": sum(1 for r in new for n in r.problem.nodes if "c10d" in n.op)}
 
 
+def train_blocks(route: str, budget: int | None) -> dict[str, Any]:
+    """torchtitan's recipe: ``fully_shard`` each block and the root, then compile each
+    block (``route`` "blocks", with ``aot_eager`` for the reference) or the model
+    regionally ("regions"); the step's peak measured at the last step."""
+    from rematc.memory import profiler_peak
+
+    rank = dist.get_rank()
+    model, _ = make_gpt(GPTConfig.tiny(), batch=BATCH, seed=0)
+    _, (idx, targets) = make_gpt(GPTConfig.tiny(), batch=BATCH, seed=100 + rank)
+    blocks = model.blocks  # type: ignore[union-attr]
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    options = {"budget": budget, "compiler": "eager", "workers": 1, "cache_dir": None}
+    if route == "reference":
+        for block in blocks:
+            block.compile(backend="aot_eager")
+        compiled: Any = model
+    elif route == "blocks":
+        backend = rematc.Backend(rematc.Options.from_mapping({**options, "calls": len(blocks)}))
+        for block in blocks:
+            block.compile(backend=backend)
+        compiled = model
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = rematc.compile(model, regions=True, **options)  # type: ignore[arg-type]
+        warned = any("FSDP2" in str(w.message) for w in caught)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = compiled(idx, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    opt.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: compiled(idx, targets).backward())
+    return {"losses": losses, "peak": peak, "budget": budget, "warned": route != "regions" or warned}
+
+
 def main() -> None:
     out_path = sys.argv[1]
     dist.init_process_group("gloo")
@@ -66,6 +109,13 @@ def main() -> None:
             results[f"{wrapper}/rematc"] = train(
                 wrapper, rematc.Backend(rematc.Options.from_mapping(
                     {"budget": "93%", "compiler": "eager", "workers": 1, "cache_dir": None})))
+        torch._dynamo.reset()
+        reference = train_blocks("reference", None)
+        results["blocks/reference"] = reference
+        budget = int(BLOCKS_SHARE * reference["peak"])
+        for route in ("blocks", "regions"):
+            torch._dynamo.reset()
+            results[f"blocks/{route}"] = train_blocks(route, budget)
         with open(f"{out_path}.{os.environ['RANK']}", "w") as f:
             json.dump(results, f)
         # Neither rank tears down while the other still talks to it (rank 0 hosts the store).
