@@ -108,7 +108,10 @@ class Backend:
         :class:`InfeasibleBudgetError` stating the code's peak as the smallest budget that
         holds, its plan kept in hand so that asking for it gets that code; above a fraction
         (a request to shrink): a warning with the numbers."""
-        compiled = self._compile_inductor(gm, example_inputs, partitioner)
+        try:
+            compiled = self._compile_inductor(gm, example_inputs, partitioner)
+        except InfeasibleBudgetError as e:
+            raise self._stated_in_code(gm, example_inputs, partitioner, e) from e
         first = partitioner.record
         if first is None or first.budget is None:
             return compiled
@@ -144,6 +147,34 @@ class Backend:
                                         plan=record.plan, where=f"{where}{over}: ")
         warnings.warn(f"rematc: {over}", OverBudgetWarning, stacklevel=2)
         return compiled
+
+    def _stated_in_code(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                        partitioner: RematPartitioner, e: InfeasibleBudgetError) -> InfeasibleBudgetError:
+        """``e``, or where the code Inductor generates for the plan at the smallest byte
+        budget ``e`` states peaks above the plan's prediction, an error stating the budget
+        that code needs, its plan kept in hand: a stated budget holds when used. Costs a
+        compile of the stated plan, on this failing path only."""
+        budget = self.options.budget
+        if budget is None or budget.nbytes is None or e.min_feasible is None:
+            return e
+        asked = partitioner.options
+        partitioner.options = dataclasses.replace(asked, budget=Budget(nbytes=e.min_feasible))
+        try:
+            self._compile_inductor(gm, example_inputs, partitioner)
+        except Exception:  # the probe only sharpens the figure: keep the one stated
+            return e
+        finally:
+            partitioner.options = asked
+        record = partitioner.record
+        if record is None or record.generated_peak is None or record.budget is None:
+            return e
+        gap = record.generated_peak - record.budget
+        if gap <= 0:
+            return e
+        keep_in_hand(record.problem.with_budget(record.generated_peak), record.plan, asked)
+        where = "" if record.graph is None else f"graph {record.graph[1]} of frame {record.graph[0]}: "
+        return InfeasibleBudgetError(e.budget, e.min_feasible + gap, proven=False, plan=record.plan,
+                                     where=f"{where}in the code Inductor generates: ")
 
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
                           partitioner: RematPartitioner) -> Callable[..., Any]:

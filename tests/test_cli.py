@@ -374,10 +374,11 @@ def test_progress_shows_the_local_search_plan_before_cp_sat_finds_one(monkeypatc
     from solvers.sat import search
     from tests.test_local import bursts
 
-    def stopped(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig, watch: object) -> int:
+    def stopped(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig, watch: object,
+                **kwargs: bool) -> int:
         solver.parameters.max_deterministic_time = 0.0  # no time to find anything
         time.sleep(0.3)  # a few progress ticks while it "runs"
-        return search(solver, cp, config, watch)  # type: ignore[arg-type]
+        return search(solver, cp, config, watch, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(progress, "search", stopped)
     problem = bursts(8).with_budget(40)
@@ -400,9 +401,10 @@ def test_progress_reports_the_local_search_before_cp_sat_starts(monkeypatch: pyt
     seen: list[progress.Incumbent] = []
     before_cp_sat: list[progress.Incumbent] = []
 
-    def recorded(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig, watch: object) -> int:
+    def recorded(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig, watch: object,
+                 **kwargs: bool) -> int:
         before_cp_sat.extend(seen)
-        return search(solver, cp, config, watch)  # type: ignore[arg-type]
+        return search(solver, cp, config, watch, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(progress, "search", recorded)
     problem = bursts(8).with_budget(40)
