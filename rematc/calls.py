@@ -63,11 +63,11 @@ class InFlight:
 
     calls: dict[int, Call] = field(default_factory=dict)  # token -> call
     tokens: itertools.count[int] = field(default_factory=itertools.count)
+    warned: set[str] = field(default_factory=set)  # graphs warned about under a fraction
 
     def held(self) -> int:
+        """Bytes the calls in flight hold."""
         return sum(c.holds for c in self.calls.values())
-
-    warned: set[str] = field(default_factory=set)  # graphs warned about under a fraction
 
     def before(self, graph: str, *, peak: int, budget: int | None, planned_calls: int,
                hard: bool = True) -> None:
