@@ -26,6 +26,19 @@ BATCH = 2
 BLOCKS_SHARE = 0.8  # of the per-block reference's measured peak: the budget per rank
 
 
+def sgd_steps(model: torch.nn.Module, compiled: Any, idx: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """:data:`STEPS` SGD steps of ``compiled`` (``model``, compiled); their losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = compiled(idx, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def train(wrapper: str, backend: Any) -> dict[str, Any]:
     rank = dist.get_rank()
     model, _ = make_gpt(GPTConfig.tiny(), batch=BATCH, seed=0)
@@ -37,15 +50,8 @@ def train(wrapper: str, backend: Any) -> dict[str, Any]:
             fully_shard(block)
         wrapped = fully_shard(model)
     compiled = torch.compile(wrapped, backend=backend)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = len(rematc.records())
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        loss = compiled(idx, targets)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = sgd_steps(model, compiled, idx, targets)
     new = rematc.records()[before:]
     return {"losses": losses, "graphs": len(new),
             "budgets": [r.budget for r in new], "peaks": [r.predicted_peak for r in new],
@@ -81,15 +87,8 @@ def train_blocks(route: str, budget: int | None) -> dict[str, Any]:
             warnings.simplefilter("always")
             compiled = rematc.compile(model, regions=True, **options)  # type: ignore[arg-type]
         warned = any("FSDP2" in str(w.message) for w in caught)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        loss = compiled(idx, targets)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    opt.zero_grad(set_to_none=True)
+    losses = sgd_steps(model, compiled, idx, targets)
+    model.zero_grad(set_to_none=True)
     peak = profiler_peak(lambda: compiled(idx, targets).backward())
     return {"losses": losses, "peak": peak, "budget": budget, "warned": route != "regions" or warned}
 
