@@ -35,6 +35,7 @@ from rematc.partition import (
     BudgetWarning,
     PartitionRecord,
     RematPartitioner,
+    graph_name,
     keep_in_hand,
 )
 from rematc.regions import block_calls, cached_survey, mark_regions
@@ -95,7 +96,8 @@ class Backend:
                 keep_inference_input_mutations=True,
             )
             compiled = eager(gm, example_inputs)
-        return watching(compiled, self.flight, _graph_name(partitioner),
+        record = partitioner.record
+        return watching(compiled, self.flight, graph_name(record.graph if record is not None else None),
                         lambda: _figures(partitioner.record, partitioner.options))
 
 
@@ -142,9 +144,8 @@ class Backend:
         if self.options.budget is not None and self.options.budget.fraction is None:
             keep_in_hand(record.problem.with_budget(record.generated_peak), record.plan, partitioner.options)
             outside = (first.step_budget or target) - target  # held by other graphs, and theirs
-            where = "" if record.graph is None else f"graph {record.graph[1]} of frame {record.graph[0]}: "
             raise InfeasibleBudgetError(target + outside, record.generated_peak + outside, proven=False,
-                                        plan=record.plan, where=f"{where}{over}: ")
+                                        plan=record.plan, where=f"{_where(record)}{over}: ")
         warnings.warn(f"rematc: {over}", OverBudgetWarning, stacklevel=2)
         return compiled
 
@@ -172,9 +173,8 @@ class Backend:
         if gap <= 0:
             return e
         keep_in_hand(record.problem.with_budget(record.generated_peak), record.plan, asked)
-        where = "" if record.graph is None else f"graph {record.graph[1]} of frame {record.graph[0]}: "
         return InfeasibleBudgetError(e.budget, e.min_feasible + gap, proven=False, plan=record.plan,
-                                     where=f"{where}in the code Inductor generates: ")
+                                     where=f"{_where(record)}in the code Inductor generates: ")
 
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
                           partitioner: RematPartitioner) -> Callable[..., Any]:
@@ -204,9 +204,9 @@ class Backend:
         return cast(Callable[..., Any], compiled)
 
 
-def _graph_name(partitioner: RematPartitioner) -> str:
-    graph = partitioner.record.graph if partitioner.record is not None else None
-    return "the compiled graph" if graph is None else f"graph {graph[1]} of frame {graph[0]}"
+def _where(record: PartitionRecord) -> str:
+    """The graph an error is about, as the start of its message ("" outside Dynamo)."""
+    return "" if record.graph is None else f"{graph_name(record.graph)}: "
 
 
 def _figures(record: PartitionRecord | None, options: Options) -> Figures | None:

@@ -274,6 +274,11 @@ CALL_ROUNDS = 6
 MAX_STEP_ROUNDS = 8
 
 
+def graph_name(graph: tuple[int, int] | None) -> str:
+    """How messages name a graph of the step by its :meth:`BudgetShare.graph` key."""
+    return "the compiled graph" if graph is None else f"graph {graph[1]} of frame {graph[0]}"
+
+
 class BudgetWarning(UserWarning):
     """A fraction budget a graph cannot reach: it runs at its smallest feasible peak."""
 
@@ -420,7 +425,7 @@ class RematPartitioner(CustomPartitionerFn):
         byte budget, :class:`InfeasibleBudgetError` stating the smallest budget for the
         whole step, whose plans are kept in hand for when it is asked for. ``after``: the
         later graphs' gradients, taken off this graph's budget beside what is ``held``."""
-        where = "" if graph is None else f"graph {graph[1]} of frame {graph[0]}: "
+        where = "" if graph is None else f"{graph_name(graph)}: "
         if self.options.calls > 1:
             where += f"{self.options.calls} calls in flight: "
         budget = self.options.budget
