@@ -15,6 +15,7 @@ from torch import nn
 
 import rematc
 from rematc.memory import profiler_peak
+from tests.helpers import tiny_llama
 
 # The step's measured peak may exceed the budget by this many bytes: the loss outside the
 # compiled blocks and its implicit gradient (4 B each, float32 scalars).
@@ -194,12 +195,8 @@ def test_planned_for_every_call_under_inductor_the_step_holds_the_budget() -> No
 
 def _llama_regions(**options: object):  # type: ignore[no-untyped-def]
     utils = pytest.importorskip("accelerate.utils")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=BLOCKS, vocab_size=128,
-                                      max_position_embeddings=64, use_cache=False)
-    model = transformers.LlamaForCausalLM(config)
+    pytest.importorskip("transformers")
+    model = tiny_llama(BLOCKS)
     compiled = utils.compile_regions(model, backend="rematc",
                                      options={"compiler": "eager", "cache_dir": None, **options})
     return model, compiled

@@ -13,8 +13,9 @@ from torch import nn
 import rematc
 from rematc.memory import profiler_peak
 from rematc.regions import repeated_blocks
+from tests.helpers import tiny_llama
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 LAYERS = 4
 # The measured step may exceed the budget by the bytes of what runs outside every graph:
@@ -26,12 +27,8 @@ OUTSIDE = 2 * 32 * 64 * 4 + 16
 PEAK_TOLERANCE = 0.05
 
 
-def llama(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=LAYERS, vocab_size=128,
-                                      max_position_embeddings=64, use_cache=False)
-    return transformers.LlamaForCausalLM(config)
+def llama() -> nn.Module:
+    return tiny_llama(LAYERS)
 
 
 IDS = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rematc
+from tests.helpers import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,11 +21,7 @@ BUDGET = 600_000  # bytes: 73% of the tiny Llama's unconstrained step at batch 2
 
 
 def llama() -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=128,
-                                      max_position_embeddings=64, use_cache=False)
-    return transformers.LlamaForCausalLM(config)
+    return tiny_llama(2)
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
