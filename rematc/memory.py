@@ -24,11 +24,12 @@ Three methods:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -66,8 +67,14 @@ def profiler_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
     activities = [ProfilerActivity.CPU]
     if device_type == "CUDA":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, profile_memory=True) as prof:
+    prof = profile(activities=activities, profile_memory=True)
+    with _native_stderr_quiet():  # the profiler's start and stop print a line each there
+        prof.start()
+    try:
         step()
+    finally:
+        with _native_stderr_quiet():
+            prof.stop()
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
         raise MeasurementSetupError(
@@ -89,6 +96,27 @@ def profiler_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
         live += e.nbytes()
         peak = max(peak, live)
     return peak
+
+
+@contextlib.contextmanager
+def _native_stderr_quiet() -> Iterator[None]:
+    """File descriptor 2 points at the null device inside the block (what native code
+    prints there, Python's ``sys.stderr`` included, is dropped); unchanged where it cannot
+    be redirected."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _status_bytes(field: str) -> int:

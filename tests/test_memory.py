@@ -109,6 +109,16 @@ def test_profiler_peak_matches_simulated_program(program: list[int | None]) -> N
     assert profiler_peak(step) == expected
 
 
+def test_profiler_peak_leaves_stderr_clean() -> None:
+    """The profiler's native start and stop lines (``USDT ... profiler_start``) do not
+    reach stderr; what the step itself writes there does."""
+    code = ("import sys, torch\nfrom rematc.memory import profiler_peak\n"
+            "print(profiler_peak(lambda: (torch.ones(256), print('step', file=sys.stderr))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert int(done.stdout.split()[-1]) == 1024
+    assert done.stderr == "step\n"
+
+
 def test_measure_peak_on_cpu_uses_profiler() -> None:
     assert measure_peak(lambda: alloc(4096), device="cpu") == 4096
 
