@@ -263,7 +263,7 @@ def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
                           and head not in c.elements.statistics),
             offloadable=_offloadable(group, c.costs),
             resident=(is_primal(head) or is_fwd_seed_offset(head)) and head not in c.layout,
-            keep=any(n in c.kept for n in group),
+            keep=any(n in c.kept or _root_gradient(n) for n in group),
             unstored=frozenset({Copy.RECOMPUTED}) if i in c.in_readers - unstored else frozenset(),
         ))
     if c.inductor and out and not out[-1].resident and channels_last_convolutions(c.joint):
@@ -1018,6 +1018,15 @@ def _backward_order(nodes: list[fx.Node], forward: frozenset[fx.Node]) -> list[f
     for n in backward:  # anything autograd's walk would not reach still runs
         place(n)
     return out
+
+
+def _root_gradient(n: fx.Node) -> bool:
+    """Whether ``n`` is the tangent of a one-element output: the gradient
+    ``loss.backward()`` makes (ones) where that output is the loss, which
+    ``torch.autograd.backward`` holds until the whole backward returns. The tangents of
+    larger outputs come from autograd's other nodes and die after their last reader here."""
+    val = n.meta.get("val")
+    return is_tangent(n) and isinstance(val, torch.Tensor) and val.numel() == 1
 
 
 def _has_storage(cost: NodeCost) -> bool:

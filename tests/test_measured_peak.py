@@ -106,14 +106,16 @@ def test_without_donated_buffers_the_prediction_still_bounds_the_peak() -> None:
 
 
 def test_measured_equals_predicted_eager_route() -> None:
-    """The eager route runs exactly the FX graphs the model describes."""
+    """The eager route runs exactly the FX graphs the model describes: no byte over the
+    prediction (it was 4 B over where the peak fell in the backward: autograd holds the
+    ones ``loss.backward()`` makes until the compiled backward returns)."""
     for fraction in (None, 0.8, 0.6):
         torch._dynamo.reset()
         model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
         compiled = rematc.compile(model, budget=fraction, compiler="eager")
         peak = measured_step_peak(compiled, model, inputs)
         record = rematc.records()[-1]
-        assert peak <= record.predicted_peak * (1 + PEAK_TOLERANCE)
+        assert peak <= record.predicted_peak
         assert peak >= record.predicted_peak * 0.9, "the model overestimates by more than 10%"
 
 
