@@ -1,4 +1,4 @@
-"""rematc from the trainers people use: transformers' Trainer and accelerate's
+"""rematc from the trainers people use: transformers' Trainer, accelerate's
 Accelerator, two optimizer steps on a tiny Llama at a binding budget, the losses equal to
 the same trainer's without rematc and the records showing the budget applied. The
 snippets of docs/trainers.md are this code."""
@@ -109,3 +109,75 @@ def test_accelerate_trains_the_compiled_model_within_its_budget() -> None:
     assert losses == pytest.approx(expected, rel=1e-4)
     records = rematc.records()
     assert records and all(r.step_budget == BUDGET for r in records)
+
+
+def lightning_losses(model: Any, tmp_path: Any) -> list[float]:
+    lightning = pytest.importorskip("lightning")
+
+    class Causal(lightning.LightningModule):
+        """A causal language model's training step, the model given (compiled or not)."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+            self.losses: list[float] = []
+
+        def training_step(self, batch: dict[str, torch.Tensor], index: int) -> torch.Tensor:
+            loss: torch.Tensor = self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    module = Causal(model)
+    trainer = lightning.Trainer(
+        max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(module, torch.utils.data.DataLoader(Tokens(), batch_size=2))
+    return module.losses
+
+
+def test_lightning_trains_the_compiled_model_within_its_budget(tmp_path: Any) -> None:
+    """A ``LightningModule`` whose model is compiled by rematc."""
+    expected = lightning_losses(llama(), tmp_path / "eager")
+    torch._dynamo.reset()
+    rematc.clear_records()
+    losses = lightning_losses(rematc.compile(llama(), budget=BUDGET, compiler="eager", cache_dir=None),
+                              tmp_path / "rematc")
+    assert len(losses) == STEPS and losses == pytest.approx(expected, rel=1e-4)
+    records = rematc.records()
+    assert records and all(r.step_budget == BUDGET for r in records)
+    assert any(r.solver != "save_all" for r in records)
+
+
+def fabric_losses(model: Any, *, compiled: bool) -> list[float]:
+    lightning = pytest.importorskip("lightning")
+    fabric = lightning.Fabric(accelerator="cpu", devices=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if compiled:
+        model = rematc.compile(model, budget=BUDGET, compiler="eager", cache_dir=None)
+    model, optimizer = fabric.setup(model, optimizer)
+    data = Tokens()
+    losses = []
+    for step in range(STEPS):
+        batch = data[2 * step]["input_ids"][None].repeat(2, 1)
+        loss = model(input_ids=batch, labels=batch).loss
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_lightning_fabric_trains_the_compiled_model_within_its_budget() -> None:
+    """Fabric compiles the model again with the arguments rematc.compile gave
+    ``torch.compile`` (its backend and budget among them)."""
+    expected = fabric_losses(llama(), compiled=False)
+    torch._dynamo.reset()
+    rematc.clear_records()
+    losses = fabric_losses(llama(), compiled=True)
+    assert losses == pytest.approx(expected, rel=1e-4)
+    records = rematc.records()
+    assert records and all(r.step_budget == BUDGET for r in records)
+    assert any(r.solver != "save_all" for r in records)
