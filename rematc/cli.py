@@ -90,12 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=examples,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    p = command("demo", "train a small GPT at several budgets, predicted vs measured",
-                "example:\n  rematc demo --compiler eager")
+    p = command("demo", "train a small GPT at budgets that bind and beside PyTorch's options: "
+                "predicted and measured peaks, step times, a Pareto picture",
+                "example:\n  rematc demo --compiler eager --plot demo.png")
     p.add_argument("--compiler", choices=("inductor", "eager"), default="inductor")
-    p.add_argument("--budgets", nargs="+", default=["none", "75%", "55%"],
-                   help="budgets to run; 'none' for no limit")
-    p.add_argument("--steps", type=_ranged(int, low=1), default=5, help="timed steps per configuration")
+    p.add_argument("--budgets", nargs="+", default=None,
+                   help="budgets to run ('none' for no limit); default: no budget, then four that "
+                        "bind, down to the smallest feasible")
+    p.add_argument("--steps", type=_ranged(int, low=1), default=3, help="timed steps per configuration")
+    p.add_argument("--plot", default="rematc-demo.png", metavar="PNG",
+                   help="where to draw peak against step time (default %(default)s; 'none': no picture)")
 
     p = command("export", "write the problem file of a model's training step",
                 "examples:\n  rematc export model.pt2 -o model.json --device h100 --dtype bfloat16\n"
@@ -235,13 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(_negative_values(sys.argv[1:] if argv is None else argv))
         if args.command == "demo":
-            budgets = [None if b.lower() == "none" else b for b in args.budgets]
-            for b in budgets:
+            budgets = None if args.budgets is None else [None if b.lower() == "none" else b
+                                                          for b in args.budgets]
+            for b in budgets or ():
                 if b is not None:
                     parse_budget(b)
             from rematc.demo import demo
 
-            demo(budgets, compiler=args.compiler, steps=args.steps)
+            demo(budgets, compiler=args.compiler, steps=args.steps,
+                 plot=None if args.plot.lower() == "none" else args.plot)
             return EXIT_OK
         run = {"export": _export, "solve": _solve, "explain": _explain, "plot": _plot,
                "fit": _fit}[args.command]

@@ -752,18 +752,30 @@ def test_solve_deterministic_prints_the_same_plan_twice(tmp_path: Path,
     assert plans[0] == plans[1]
 
 
-def test_demo_rows_train_to_the_same_loss() -> None:
-    """Every row of the demo trains the same model with the same dropout seeds, so the
-    loss after its SGD steps agrees across the default compile and rematc at each budget
-    (the rows had drawn masks from wherever the previous row left the generator)."""
+def test_demo_shows_budgets_that_bind_beside_pytorch_and_draws_them(tmp_path: Path) -> None:
+    """The demo's default budgets bind: at least four distinct measured peaks from rematc,
+    each within its budget, down to the smallest budget rematc states (which holds). Every
+    row trains the same model with the same dropout seeds, so the loss after its SGD steps
+    agrees across the rows (the rows had drawn masks from wherever the previous row left
+    the generator), except the partitioner's activation_memory_budget rows, whose
+    decompositions draw the masks their own way on the eager route."""
     from rematc.demo import demo
     from rematc.models import GPTConfig
 
-    rows = demo(("90%", "80%"), compiler="eager", steps=1, config=GPTConfig.tiny(dropout=0.1), batch=2,
+    png = tmp_path / "demo.png"
+    rows = demo(None, compiler="eager", steps=1, config=GPTConfig.tiny(dropout=0.1), batch=2, plot=png,
                 print_fn=lambda _: None)
-    assert len(rows) == 3 and all(r.measured > 0 for r in rows)
-    assert rows[2].recomputed
-    assert [r.loss for r in rows] == pytest.approx([rows[0].loss] * 3, rel=1e-5)
+    labels = [r.label for r in rows]
+    assert labels[:4] == ["torch.compile (aot_eager)", "checkpoint each block", "activation_memory_budget 0.5",
+                          "activation_memory_budget 0.1"]
+    ours = [r for r in rows if r.rematc]
+    assert len(ours) == 5 and ours[0].budget is None and all(r.budget is not None for r in ours[1:])
+    assert len({r.measured for r in ours}) >= 4
+    assert all(r.measured <= r.budget for r in ours[1:] if r.budget is not None)
+    assert all(r.measured < ours[0].measured for r in ours[1:])  # each budget binds
+    same = [r.loss for r in rows if not r.label.startswith("activation_memory_budget")]
+    assert same == pytest.approx([rows[0].loss] * len(same), rel=1e-5)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_baselines_and_the_chain_model_solve_a_model_traced_on_meta(
