@@ -50,7 +50,7 @@ from solvers import SolverConfig, SolveResult, Status
 from solvers.baselines import knapsack, knapsack_choice, plan_with, save_all
 from solvers.budget import parse_budget
 from solvers.checker import Report, check
-from solvers.cpsat import baseline
+from solvers.floor import baseline
 from solvers.plan import Plan
 from solvers.problem import Problem
 

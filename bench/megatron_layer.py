@@ -57,7 +57,7 @@ from rematc.trace import SHAPES_KEY, trace
 from solvers import InfeasibleBudgetError, SolverConfig, save_all, solve
 from solvers.baselines import plan_with
 from solvers.checker import Report, check
-from solvers.cpsat import baseline
+from solvers.floor import baseline
 from solvers.problem import Problem
 
 MEGATRON_EXTRA_FLOPS = 0.027  # Korthikanti et al. 2022, Table 4, GPT-3 175B, selective

@@ -45,6 +45,7 @@ from solvers import (
     multilevel,
 )
 from solvers.baselines import checkpoint_every, save_all, selective
+from solvers.floor import baseline
 from solvers.io import load_problem, save_problem
 
 MODELS = {
@@ -119,7 +120,7 @@ def run_model(key: str, args: argparse.Namespace, out: list[str]) -> None:
     problem, trace_s = traced(key, args.cache)
     problem = grads_in_place(problem)
     step = sum(n.time for n in problem.nodes)
-    floor = max(cpsat.baseline(problem), default=0)
+    floor = max(baseline(problem), default=0)
     base = baselines(problem)
     every = base["checkpoint every 1"].report
     top = base["save all"].report

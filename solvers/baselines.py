@@ -7,9 +7,11 @@ import time
 from dataclasses import replace
 
 from solvers.checker import Report, check
+from solvers.floor import baseline
 from solvers.plan import Decision, Plan, needed_values, plan_from_decisions
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
+from solvers.segments import segment_boundaries
 
 
 def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
@@ -172,8 +174,6 @@ def knapsack(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveRe
 
 def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: int = 10_000) -> frozenset[int]:
     """The items to save: largest total recompute time with total bytes <= budget - floor."""
-    from solvers.cpsat import baseline
-
     capacity = max(0, budget - max(baseline(problem), default=0))
     weight = {v: math.ceil(problem.nodes[v].size * units / capacity) if capacity else units + 1
               for v in items}
@@ -185,50 +185,6 @@ def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: i
             if cand > best[c][0]:
                 best[c] = (cand, best[c - w][1] | {v})
     return best[units][1]
-
-
-# A value live across a boundary besides it does not keep it from being one when it is at
-# most PASSED_OVER of its size (a rotary table: 1 MiB on Llama-2-7B beside the residual's
-# 32 MiB), or read over at least LONG_LIVED of the forward's steps (a table or a mask every
-# block reads, whatever its size: a toy model's rotary table is a quarter of its residual).
-PASSED_OVER = 1 / 8
-LONG_LIVED = 1 / 4
-
-
-def segment_boundaries(problem: Problem) -> list[int]:
-    """Forward values that alone carry the computation from their step to the next: every
-    other value live across that step was computed before it and is a constant, at most
-    ``PASSED_OVER`` of its size, or read over ``LONG_LIVED`` of the forward.
-
-    Constants (values computed from no input, as a ``full`` fill value or an ``iota``
-    mask, and what only they feed) are not counted: every block may read one, as a
-    checkpointed block reads it from its closure. Nor are small or long-lived values, such
-    as a rotary table cast once and read by every block, which would otherwise hide every
-    boundary after them; a plan saves them whole (they are a segment's inputs).
-    """
-    f = problem.n_forward
-    constant = [False] * f
-    ends: dict[int, list[int]] = {}
-    for v in range(f):
-        node = problem.nodes[v]
-        if node.resident:
-            continue
-        constant[v] = all(constant[d] for d in node.deps)  # deps precede v
-        if not constant[v] and problem.last_forward_use[v] - v < f * LONG_LIVED:
-            ends.setdefault(problem.last_forward_use[v], []).append(v)
-    out: list[int] = []
-    live: dict[int, int] = {}  # values computed before the step and read after it -> size
-    for k in range(f):
-        for v in ends.get(k, ()):  # read last by step k: not live after it
-            live.pop(v, None)
-        node = problem.nodes[k]
-        carried = not node.resident and not constant[k]
-        if (carried and problem.forward_users[k] and k in problem.candidates
-                and all(size <= node.size * PASSED_OVER for size in live.values())):
-            out.append(k)
-        if carried and 0 < problem.last_forward_use[k] - k < f * LONG_LIVED:
-            live[k] = node.size
-    return out
 
 
 def _judged(problem: Problem, plan: Plan, name: str, t0: float) -> SolveResult:

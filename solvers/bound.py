@@ -8,7 +8,7 @@ candidate that the backward reads after :math:`k` (:math:`v \in N_k`) is then re
 a copy that is in memory at :math:`k` (:math:`\ell_v`), or made after :math:`k` by a
 recomputation (:math:`r_v`) or by a copy back from the host (:math:`o_v`: its device
 copies were freed before :math:`k`). A recomputation after :math:`k` reads each candidate
-it depends on in one of the same three ways. :math:`F_k` (:func:`solvers.cpsat.baseline`)
+it depends on in one of the same three ways. :math:`F_k` (:func:`solvers.floor.baseline`)
 is what step :math:`k` holds whatever the plan. With :math:`\ell, o, r \in [0, 1]` and
 :math:`a` the added time:
 
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from ortools.linear_solver import pywraplp
 
-from solvers.cpsat import baseline
+from solvers.floor import baseline
 from solvers.hostcopy import Clock
 from solvers.problem import Copy, Problem
 

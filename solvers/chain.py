@@ -1,14 +1,8 @@
 """Planning by segments: a step split at its boundaries, each segment planned exactly on
 its own once per distinct shape, then one option per segment chosen for the whole step.
 
-A deep model's step is a chain. Its forward splits at the *boundaries*
-(:func:`solvers.baselines.segment_boundaries`: values that alone carry the computation
-on, such as a residual stream between blocks) into segments; segment ``s`` is the forward
-steps after boundary ``s - 1`` up to and including boundary ``s`` (the last one runs to
-the end of the forward). Its *interior* is the candidates among those steps that only it
-reads in the forward: every boundary, and any value a later segment reads too, is saved.
-Its *window* is the backward steps from its interior's first backward read to its last.
-Its *region* is its forward steps and its window.
+A deep model's step is a chain: its forward cut at its *boundaries* into segments, each
+with its *interior*, *window* and *region* (:mod:`solvers.segments`).
 
 Options. Each segment's region, cut out as a problem of its own (what it reads from
 outside becomes resident), is planned by CP-SAT at a sweep of budgets from its least
@@ -110,13 +104,14 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
-from solvers.baselines import free_plan, plan_with, segment_boundaries
+from solvers.baselines import free_plan, plan_with
 from solvers.checker import Report, check
 from solvers.hostcopy import Clock, offload_hidden
 from solvers.plan import Decision, Plan, PlanError, plan_from_decisions
 from solvers.problem import Copy, Node, Problem
 from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
 from solvers.sat import make_solver
+from solvers.segments import Segment, find_segments
 
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
 # Plans per distinct segment that save its values dearest to recompute for their bytes, up to
@@ -130,48 +125,6 @@ LOOSEN = 0.01  # of the budget: a plan further under it is searched again with t
 FAR = 1.25  # times the model's bound: a one-segment plan adding more is searched again, from no hint
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One link of the chain, in the step's own indices."""
-
-    forward: tuple[int, int]  # first and last forward step (the last is its boundary)
-    window: tuple[int, int] | None  # first and last backward step reading its interior
-    interior: tuple[int, ...]  # the candidates it decides
-
-    @property
-    def region(self) -> tuple[int, ...]:
-        steps = list(range(self.forward[0], self.forward[1] + 1))
-        if self.window is not None:
-            steps += range(self.window[0], self.window[1] + 1)
-        return tuple(steps)
-
-
-def find_segments(problem: Problem) -> list[Segment]:
-    """The chain of ``problem``'s forward, cut at its boundaries; a problem without a
-    backward, or without two segments, has no chain (an empty list)."""
-    if problem.single_phase or not problem.candidates:
-        return []
-    f = problem.n_forward
-    cuts = [b for b in segment_boundaries(problem) if b < f - 1]
-    if not cuts:
-        return []
-    firsts = [0, *(b + 1 for b in cuts)]
-    lasts = [*cuts, f - 1]
-    owner = [0] * f
-    for s, (lo, hi) in enumerate(zip(firsts, lasts, strict=True)):
-        owner[lo:hi + 1] = [s] * (hi - lo + 1)
-    out = []
-    candidates = set(problem.candidates)
-    for s, (lo, hi) in enumerate(zip(firsts, lasts, strict=True)):
-        interior = tuple(v for v in range(lo, hi + (s == len(cuts)))
-                         if v in candidates and v not in cuts
-                         and all(owner[u] == s for u in problem.forward_users[v]))
-        reads = [u for v in interior for u in problem.backward_uses[v]]
-        window = (min(reads), max(reads)) if reads else None
-        out.append(Segment((lo, hi), window, interior))
-    return out
 
 
 def span(problem: Problem, segments: Sequence[Segment], first: int, last: int) -> Segment:
@@ -963,4 +916,4 @@ def describe(chain: Chain) -> Iterable[str]:
                + ", ".join(f"{o.source} ({o.saved} B, {o.time * 1e3:.3g} ms)" for o in opts))
 
 
-__all__ = ["Chain", "Segment", "build_chain", "find_segments", "min_peak", "solve"]
+__all__ = ["Chain", "build_chain", "min_peak", "solve"]

@@ -131,6 +131,7 @@ from ortools.sat.python import cp_model
 from solvers import multilevel
 from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import Report, check
+from solvers.floor import baseline, unstored_extensions
 from solvers.hostcopy import offload_hidden
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Copy, Problem
@@ -577,32 +578,6 @@ def two_phase(problem: Problem) -> None:
                          "solvers.solve picks the solver for any problem")
 
 
-def baseline(problem: Problem) -> list[int]:
-    """Bytes live at each step whatever the plan decides: every value from its step to its
-    last read, a candidate only to its last forward read (nothing saved or recomputed), a
-    value of U_F not at all, and the reads of the values of U_F that no decision stores."""
-    delta = [0] * (len(problem.nodes) + 1)
-    candidates = set(problem.candidates)
-    for i, node in enumerate(problem.nodes):
-        if node.resident or node.size == 0 or problem.computed_in(i) is not None:
-            continue  # a forward copy in U_F is there only if it is saved or offloaded
-        if node.keep:
-            hi = problem.last_step
-        elif i in candidates:
-            hi = problem.forward_end(i)
-        else:
-            hi = problem.fixed_end(i)
-        delta[i] += node.size
-        delta[hi + 1] -= node.size
-    for u, lo, hi, vs in unstored_extensions(problem):
-        if u not in candidates and any(v not in candidates for v in vs):  # no decision changes it
-            delta[lo] += problem.nodes[u].size
-            delta[hi + 1] -= problem.nodes[u].size
-    out, live = [], 0
-    for d in delta[:-1]:
-        live += d
-        out.append(live)
-    return out
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
@@ -870,7 +845,7 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
     on the seed it was hinted with where that adds less time (or the search found none);
     :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
     infeasible; status UNKNOWN when there is no plan."""
-    from solvers import bound as relaxation  # it reads this module's baseline
+    from solvers import bound as relaxation
 
     wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code, stalled=stalled)
@@ -1045,30 +1020,6 @@ def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
     return w if node.recomputable and node.stores(Copy.RECOMPUTED) else None
 
 
-def unstored_extensions(p: Problem) -> list[tuple[int, int, int, tuple[int, ...]]]:
-    """``(u, first, last, vs)``: steps over which u's forward copy lives on, beyond where it
-    ends when every value of U_F that reads it is stored, as long as one of those values
-    ``vs`` is not (its reader reads u at ``last`` or later). Disjoint, in step order per u."""
-    candidates = set(p.candidates)
-    reads: dict[int, list[tuple[int, int]]] = {}  # u -> (step of the reader, value of U_F)
-    for v in range(p.n_forward):
-        reader = p.computed_in(v)
-        if reader is None:
-            continue
-        for u in set(p.nodes[v].deps):
-            node = p.nodes[u]
-            if not (node.resident or node.keep or node.size == 0):
-                reads.setdefault(u, []).append((reader, v))
-    out = []
-    for u, at in sorted(reads.items()):
-        first = (p.forward_end(u) if u in candidates else p.fixed_end(u)) + 1
-        # a read at the step of the op that takes u over is that op's: u ends before it
-        later = sorted(r for r in at if r[0] >= first and r[0] != p.taken_over.get(u))
-        for j, (last, _) in enumerate(later):
-            if last >= first:
-                out.append((u, first, last, tuple(v for _, v in later[j:])))
-                first = last + 1
-    return out
 
 
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:

@@ -1,7 +1,7 @@
 r"""Multi-level recomputation: keep one block input in several and rebuild the others in
 the backward by rerunning the blocks from the nearest kept one.
 
-The step's forward is a chain of segments (:func:`solvers.chain.find_segments`), segment
+The step's forward is a chain of segments (:func:`solvers.segments.find_segments`), segment
 ``s`` ending at its boundary :math:`x_s` (a block's output, the next block's input). A
 plan here splits the chain into *groups* of consecutive segments :math:`[a, e]`:
 
@@ -66,17 +66,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.baselines import decisions_with, plan_with
-from solvers.chain import Segment, find_segments
 from solvers.checker import Report, check, unread_entries, value_intervals
 from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
+from solvers.segments import Segment, find_segments
 
 TIGHTEN = 6  # splits searched at most, each with the budget lowered by the last plan's excess
 
 
 @dataclass(frozen=True)
-class Chain:
+class MeasuredChain:
     """A problem's chain of segments, measured for the grouping model (module docstring)."""
 
     segments: tuple[Segment, ...]
@@ -115,7 +115,7 @@ class Chain:
         return cost, need
 
 
-def measure(problem: Problem) -> Chain | None:
+def measure(problem: Problem) -> MeasuredChain | None:
     """``problem``'s chain, measured; None where it has no chain of segments."""
     segments = find_segments(problem)
     if len(segments) < 2:
@@ -155,7 +155,7 @@ def measure(problem: Problem) -> Chain | None:
         leaves.append(anchor)
     sweeps = [sweep_of(s) if s < len(boundary) and boundary[s] in recomputed else () for s in range(len(segments))]
     reference = plan_with(problem, {v for v in recomputed if v in interior})
-    return Chain(
+    return MeasuredChain(
         segments=tuple(segments),
         boundary=boundary,
         size=tuple(nodes[x].size for x in boundary),
@@ -192,14 +192,14 @@ def own_bytes(problem: Problem, segments: Sequence[Segment], boundary: Sequence[
     return tuple(int(rest[owner == k].max()) if (owner == k).any() else 0 for k in range(len(segments)))
 
 
-def input_units(chain: Chain) -> tuple[int, list[int]]:
+def input_units(chain: MeasuredChain) -> tuple[int, list[int]]:
     """The unit :func:`split` counts kept inputs in (the median boundary's bytes) and, for
     each segment a, the units of its input :math:`x_{a-1}` rounded up (0 for the first)."""
     unit = max(1, int(np.median([b for b in chain.size if b] or [1])))
     return unit, [0] + [-(-b // unit) for b in chain.size]
 
 
-def split(chain: Chain, budget: float) -> list[tuple[int, int]] | None:
+def split(chain: MeasuredChain, budget: float) -> list[tuple[int, int]] | None:
     """The groups ``(a, e)`` of least total cost that fit ``budget`` in the model (module
     docstring), first to last; None where no split fits.
 
@@ -244,7 +244,7 @@ def split(chain: Chain, budget: float) -> list[tuple[int, int]] | None:
     return groups[::-1]
 
 
-def model_peak(chain: Chain, groups: Sequence[tuple[int, int]]) -> float:
+def model_peak(chain: MeasuredChain, groups: Sequence[tuple[int, int]]) -> float:
     """The largest left side of the model's memory constraint over ``groups`` (kept inputs
     at their bytes)."""
     _, need = chain.groups
@@ -255,7 +255,7 @@ def model_peak(chain: Chain, groups: Sequence[tuple[int, int]]) -> float:
     return most
 
 
-def compose(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -> Plan:
+def compose(problem: Problem, chain: MeasuredChain, groups: Sequence[tuple[int, int]]) -> Plan:
     """The plan of a split into ``groups`` (module docstring): each group's input saved,
     its sweep scheduled before the first backward step that needs one of its boundaries,
     each segment's leaf at its own anchors; everything else the backward reads saved."""
@@ -280,7 +280,8 @@ def compose(problem: Problem, chain: Chain, groups: Sequence[tuple[int, int]]) -
     return plan
 
 
-def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
+def solve(problem: Problem, config: SolverConfig = SolverConfig(), *,
+          chain: MeasuredChain | None = None) -> SolveResult:
     """The cheapest grouped plan within ``problem.budget`` that the checker accepts, or
     status UNKNOWN and no plan (no chain, no budget, or no split fits: neither one the
     model fits nor, where it fits none, every segment a group of its own). ``chain``: the
@@ -323,7 +324,8 @@ def _found(plan: Plan, report: Report, groups: Sequence[tuple[int, int]], t0: fl
                        stats={"groups": len(groups), "longest_group": max(e - a + 1 for a, e in groups)})
 
 
-def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
+def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
+             chain: MeasuredChain | None = None) -> SolveResult:
     """The grouped plan of least checked peak among the cheapest splits at a sweep of
     budgets, from the model's least feasible one up; status UNKNOWN and no plan where the
     problem has no chain."""

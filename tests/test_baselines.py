@@ -16,13 +16,13 @@ from solvers.baselines import (
     greedy,
     knapsack,
     knapsack_choice,
-    segment_boundaries,
     selective,
     sqrt_n,
 )
-from solvers.cpsat import baseline
+from solvers.floor import baseline
 from solvers.problem import chain_problem
 from solvers.result import InfeasibleBudgetError
+from solvers.segments import segment_boundaries
 from tests.test_cpsat import small_problems
 
 BASELINES = {

@@ -24,6 +24,8 @@ from solvers import (
     cpsat,
 )
 from solvers.baselines import checkpoint_every, save_all
+from solvers.floor import baseline
+from solvers.segments import find_segments
 from tests import realmodels
 from tests.helpers import assert_same_step, run_step
 
@@ -60,7 +62,7 @@ def test_segments_of_real_models_repeat(name: str) -> None:
     has the shape of the other layer's, so its options are computed once."""
     model, inputs = _resnet() if name == "resnet" else realmodels.MODELS[name]()
     problem = trace(model, inputs, target="eager").problem
-    segments = [s for s in chain.find_segments(problem) if s.interior]
+    segments = [s for s in find_segments(problem) if s.interior]
     assert len(segments) >= 2
     shapes = collections.Counter(chain.cut(problem, s).signature for s in segments)
     assert max(shapes.values()) >= 2, f"no two segments of {name} share a shape: {shapes}"
@@ -73,7 +75,7 @@ def test_segments_of_real_models_repeat(name: str) -> None:
 def test_a_problem_without_a_backward_has_no_chain() -> None:
     problem = tiny_gpt(2)
     forward = Problem(nodes=problem.nodes[:problem.n_forward], name="forward only")
-    assert chain.find_segments(forward) == []
+    assert find_segments(forward) == []
     assert chain.solve(forward).status is Status.UNKNOWN
 
 
@@ -207,7 +209,7 @@ def test_a_model_on_meta_traces_its_backward_with_flash_attention() -> None:
     ops = {n.op for n in problem.nodes}
     assert any("flash_attention" in op and "backward" in op for op in ops), sorted(ops)
     assert not {"aten._softmax", "aten._safe_softmax"} & ops, "attention traced as explicit softmax"
-    assert len([s for s in chain.find_segments(problem) if s.interior]) >= 8
+    assert len([s for s in find_segments(problem) if s.interior]) >= 8
 
 
 def test_a_model_on_meta_is_traced_for_eager_and_refused_for_inductor() -> None:
@@ -235,7 +237,7 @@ def test_large_problems_take_the_best_known_plan_and_state_a_budget_that_works(
     assert result.plan is not None and result.objective <= every.added_time
     source = str(result.stats["from"])
     assert source in ("chain", "greedy") or source.startswith("checkpoint_every_")
-    floor = max(cpsat.baseline(problem))
+    floor = max(baseline(problem))
     with pytest.raises(InfeasibleBudgetError) as raised:
         cpsat.solve(problem.with_budget(floor - 1), FAST)
     least = raised.value.min_feasible

@@ -106,7 +106,7 @@ def test_bad_multilevel_schedules_name_the_value(plan: Plan, message: str) -> No
 # ---- the grouping model -----------------------------------------------------------------
 
 
-def brute_force(measured: multilevel.Chain, budget: float) -> float:
+def brute_force(measured: multilevel.MeasuredChain, budget: float) -> float:
     """The least model cost over every split of the chain into groups (inf if none fits):
     each group fits with the inputs kept up to it (in :func:`multilevel.input_units`)."""
     cost, need = measured.groups

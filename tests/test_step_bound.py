@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from solvers import InfeasibleBudgetError, Problem, SolverConfig, check, cpsat, multilevel
 from solvers.baselines import checkpoint_every
 from solvers.bound import least_budget, lower_bound, pressing_steps, step_bound
+from solvers.floor import baseline
 from tests.test_cpsat import (
     HAND,
     HAND_OUTCOMES,
@@ -107,10 +108,10 @@ def test_multilevel_plans_which_recompute_values_twice_are_bounded_too() -> None
 
 def test_pressing_steps_are_those_over_the_budget() -> None:
     p = HAND["chain"].with_budget(13)
-    steps = pressing_steps(p, cpsat.baseline(p), 10)
+    steps = pressing_steps(p, baseline(p), 10)
     assert steps and steps[0] == p.n_forward  # save-all's peak, 2 B over
     assert all(every_step(p.with_budget(13)) >= step_bound(p, k) for k in steps)
-    assert pressing_steps(p.with_budget(10**6), cpsat.baseline(p), 10) == []
+    assert pressing_steps(p.with_budget(10**6), baseline(p), 10) == []
 
 
 def test_the_planner_reports_the_relaxation_as_its_bound_at_scale(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,7 +134,7 @@ def test_the_least_budget_can_be_the_least_peak() -> None:
     no plan fits under 17 B, which is the least peak."""
     p = HAND["diamond"]
     least = min(o.peak for o in HAND_OUTCOMES["diamond"])
-    assert max(cpsat.baseline(p)) == 13
+    assert max(baseline(p)) == 13
     assert least_budget(p, 21) == least == 17
 
 
@@ -143,7 +144,7 @@ def test_an_unproven_least_budget_states_what_no_plan_fits_under(monkeypatch: py
     monkeypatch.setattr(cpsat, "CHAIN_ONLY_CANDIDATES", 1)
     cpsat.forget_stated()
     p = deep_gpt()
-    floor = max(cpsat.baseline(p))
+    floor = max(baseline(p))
     with pytest.raises(InfeasibleBudgetError) as info:
         cpsat.solve(p.with_budget(floor // 2), SolverConfig(time_limit=10.0, workers=2))
     e = info.value
