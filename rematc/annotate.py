@@ -21,7 +21,7 @@ import operator
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,13 +227,7 @@ def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict
                 calls[node] = _call(node, channels_last=channels_last and convolution)
             except TypeError as e:  # an argument it cannot stand in for
                 log.warning("rematc: the scratch memory of %s is not measured: %s", node.format_node(), e)
-    missing = sorted({c for c in calls.values() if c not in _WORKSPACES})
-    if missing:
-        if torch._C._autograd._profiler_enabled():
-            measured = _measure_elsewhere(missing)
-        else:
-            measured = [_measure_or_none(c) for c in missing]
-        _WORKSPACES.update((c, m) for c, m in zip(missing, measured, strict=True) if m is not None)
+    _measure_missing(calls.values())
     out: dict[fx.Node, int] = {}
     for node in nodes:
         if node in calls and calls[node] in _WORKSPACES:
@@ -242,6 +236,48 @@ def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict
             outs = tensors(node.meta.get("val"))
             out[node] = 2 * storage_bytes(outs[1]) if len(outs) > 1 and outs[0].device.type == "cpu" else 0
     return out
+
+
+# Matmuls whose CPU kernels (oneDNN) allocate scratch in low precision: 50-260 kB for
+# bfloat16 products of a few hundred rows on this project's CPU, none in float32. Each
+# returns one tensor, so no value of its own can hold the scratch for its step only: the
+# step keeps room for the largest (:func:`transient_scratch`).
+LOW_PRECISION_MATMULS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+                                   _aten.baddbmm.default})
+LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
+
+
+def transient_scratch(nodes: Sequence[fx.Node]) -> int:
+    """The most scratch memory one op of ``nodes`` allocates beside its outputs while it
+    runs, among the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16:
+    measured once per distinct call, as :func:`workspaces` measures its kernels. Only one
+    op runs at a time, so a step that keeps this much room holds whichever runs at its
+    peak. 0 where there are none; a call that cannot be measured counts nothing, with a
+    warning."""
+    calls: set[str] = set()
+    for node in nodes:
+        outs = tensors(node.meta.get("val"))
+        if (node.target in LOW_PRECISION_MATMULS and outs and outs[0].device.type == "cpu"
+                and outs[0].dtype in LOW_PRECISION):
+            try:
+                calls.add(_call(node, channels_last=False))
+            except TypeError as e:
+                log.warning("rematc: the scratch memory of %s is not measured: %s", node.format_node(), e)
+    _measure_missing(calls)
+    return max((_WORKSPACES[c] for c in calls if c in _WORKSPACES), default=0)
+
+
+def _measure_missing(calls: Iterable[str]) -> None:
+    """Measure the calls :data:`_WORKSPACES` does not hold yet, here or, while a profiler
+    records in this process, in a fresh one."""
+    missing = sorted({c for c in calls if c not in _WORKSPACES})
+    if not missing:
+        return
+    if torch._C._autograd._profiler_enabled():
+        measured = _measure_elsewhere(missing)
+    else:
+        measured = [_measure_or_none(c) for c in missing]
+    _WORKSPACES.update((c, m) for c, m in zip(missing, measured, strict=True) if m is not None)
 
 
 def _call(node: fx.Node, *, channels_last: bool) -> str:

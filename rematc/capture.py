@@ -79,6 +79,9 @@ class Captured:
     per_reader: frozenset[int] = frozenset()
     # Values the model's own activation checkpointing recomputes (:func:`checkpointed_values`).
     checkpointed: frozenset[int] = frozenset()
+    # Bytes the step keeps free for the scratch an op allocates while it runs, where no
+    # value can hold it (:func:`rematc.annotate.transient_scratch`): beside the problem's peak.
+    scratch: int = 0
 
 
 @dataclass

@@ -41,7 +41,7 @@ from rematc._torch_compat import (
     get_hash_for_files,
     optimization_hint,
 )
-from rematc.annotate import NodeCost, annotate
+from rematc.annotate import NodeCost, annotate, transient_scratch
 from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import expected_donations
@@ -85,7 +85,7 @@ class PartitionRecord:
     candidates: int  # forward values that needed a decision
     budget: int | None  # bytes
     unconstrained_peak: int  # bytes: the checker's peak when everything is saved
-    predicted_peak: int  # bytes: the checker's peak of the chosen plan
+    predicted_peak: int  # bytes: the checker's peak of the chosen plan, and Captured.scratch
     added_time: float  # seconds of recomputation, by the device model
     added_flops: float
     status: str  # the solver's status
@@ -560,19 +560,22 @@ class RematPartitioner(CustomPartitionerFn):
             self._graph = (self.share.graph(),)
         graph = self._graph[0]
         budget, held, calls = None, 0, self.options.calls
+        # The room kept for scratch no value holds (Captured.scratch) is off the budget,
+        # like the later graphs' gradients (``after``), and on the prediction.
+        scratch = captured.scratch
         grads = parameter_gradients(joint, num_fwd_outputs, static)
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:
             # With several calls in flight, a fraction is of the step's unconstrained peak:
             # every call's saved values and the last call's own peak.
-            whole = unconstrained.peak + (calls - 1) * holds_after_forward(captured.problem, unconstrained)
+            whole = unconstrained.peak + scratch + (calls - 1) * holds_after_forward(captured.problem, unconstrained)
             budget = max(0, self.options.budget.resolve(whole) - self.squeeze)
             if self.options.budget.nbytes is not None:
                 held = self.share.held_before(graph)
         # Saving everything is right at every shape; a plan under a budget is bounded.
         bounds = bound_dynamic_sizes(joint) if budget is not None else ()
-        problem = captured.problem.with_budget(None if budget is None else max(0, budget - held))
+        problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - scratch))
         after = 0
         try:
             if budget is None and own is not None:
@@ -593,7 +596,7 @@ class RematPartitioner(CustomPartitionerFn):
                     planned = plan_for(problem, self.options, known=own)
         except InfeasibleBudgetError as e:
             planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget,
-                                          after=after)
+                                          after=after + scratch)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
@@ -619,7 +622,7 @@ class RematPartitioner(CustomPartitionerFn):
             joint_nodes=len(joint.graph.nodes), values=len(problem.nodes),
             candidates=len(problem.candidates), budget=problem.budget,
             budget_origin=self.options.budget_origin,
-            unconstrained_peak=unconstrained.peak, predicted_peak=report.peak,
+            unconstrained_peak=unconstrained.peak + scratch, predicted_peak=report.peak + scratch,
             added_time=report.added_time, added_flops=report.added_flops,
             status=result.status.value, gap=result.gap, solve_time=result.wall_time,
             partition_time=time.perf_counter() - t0, saved=emitted.saved,
@@ -668,8 +671,9 @@ def capture_prepared(joint: fx.GraphModule, device: DeviceProfile, *, fuses: boo
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
                            host_bandwidth=device.host_bandwidth, name=name, inductor=fuses)
+        scratch = transient_scratch(list(joint.graph.nodes))
     warn_fallback_costs(costs, joint)
-    return captured
+    return replace(captured, scratch=scratch) if scratch else captured
 
 
 def prepare(gm: fx.GraphModule) -> fx.GraphModule:
