@@ -83,7 +83,7 @@ class PartitionRecord:
     joint_nodes: int  # FX nodes in the joint graph handed to us
     values: int  # storages in the problem
     candidates: int  # forward values that needed a decision
-    budget: int | None  # bytes
+    budget: int | None  # bytes: what this graph's plan holds to, with Captured.scratch
     unconstrained_peak: int  # bytes: the checker's peak when everything is saved
     predicted_peak: int  # bytes: the checker's peak of the chosen plan, and Captured.scratch
     added_time: float  # seconds of recomputation, by the device model
@@ -126,6 +126,9 @@ class PartitionRecord:
     # code of an earlier plan of this graph peaked above the budget by that much.
     squeezed: int = 0
     budget_origin: str = ""  # how an "auto" budget was derived (Options.budget_origin)
+    # Bytes kept for the scratch an op allocates where no value holds it (Captured.scratch):
+    # in ``budget``, ``predicted_peak`` and ``generated_peak``.
+    scratch: int = 0
     # Forwards of this graph the plan leaves room for in one step (Options.calls), and the
     # step's budget in bytes that they and the earlier graphs share (None without one).
     calls: int = 1
@@ -402,7 +405,8 @@ class RematPartitioner(CustomPartitionerFn):
     def generated(self, peak: CodePeak) -> None:
         """Note on the last plan's record the peak of the code Inductor generated for it
         (``rematc.generated``)."""
-        new = self._amend(generated_peak=peak.peak, generated_at=peak.where,
+        scratch = self.record.scratch if self.record is not None else 0
+        new = self._amend(generated_peak=peak.peak + scratch, generated_at=peak.where,
                           generated_alive=peak.alive)
         if new is not None:
             log.info("rematc: the generated code peaks at %d B (predicted %d B, budget %s B) at %s",
@@ -620,7 +624,8 @@ class RematPartitioner(CustomPartitionerFn):
             verify(joint, captured, result.plan, emitted)
         record = PartitionRecord(
             joint_nodes=len(joint.graph.nodes), values=len(problem.nodes),
-            candidates=len(problem.candidates), budget=problem.budget,
+            candidates=len(problem.candidates),
+            budget=None if problem.budget is None else problem.budget + scratch,
             budget_origin=self.options.budget_origin,
             unconstrained_peak=unconstrained.peak + scratch, predicted_peak=report.peak + scratch,
             added_time=report.added_time, added_flops=report.added_flops,
@@ -630,7 +635,7 @@ class RematPartitioner(CustomPartitionerFn):
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze,
-            checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze,
+            checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, scratch=scratch,
         )
         _RECORDS.append(record)
         self.record = record
