@@ -41,8 +41,8 @@ from solvers import (
     SolveResult,
     bound,
     chain,
-    cpsat,
     multilevel,
+    planner,
 )
 from solvers.baselines import checkpoint_every, save_all, selective
 from solvers.floor import baseline
@@ -102,7 +102,7 @@ def planned(problem: Problem, budget: int, config: SolverConfig) -> tuple[str, f
     """rematc's default planner at ``budget``: status, added seconds, peak, wall seconds."""
     t0 = time.perf_counter()
     try:
-        r = cpsat.solve(problem.with_budget(budget), config)
+        r = planner.solve(problem.with_budget(budget), config)
     except InfeasibleBudgetError as e:
         least = f" (least found {e.min_feasible / MIB:,.0f} MiB)" if e.min_feasible else ""
         return "infeasible" + least, None, None, time.perf_counter() - t0
@@ -127,7 +127,7 @@ def run_model(key: str, args: argparse.Namespace, out: list[str]) -> None:
     assert every is not None and top is not None
     config = SolverConfig(time_limit=args.time_limit)
     t0 = time.perf_counter()
-    built = chain.build_chain(problem, config)
+    built = chain.build_chain(problem, config, planner=planner.PLANNER)
     chain_s = time.perf_counter() - t0
     measured = multilevel.measure(problem)
     least = multilevel.min_peak(problem, config, chain=measured).report if measured else None
@@ -172,7 +172,7 @@ def run_model(key: str, args: argparse.Namespace, out: list[str]) -> None:
             budget = int(every.peak * f)
             _, remat_s, _, _ = planned(alone, budget, config)
             try:
-                r = cpsat.solve(linked.with_budget(budget), config)
+                r = planner.solve(linked.with_budget(budget), config)
                 both, moved, source = r.objective if r.plan else None, r.report.offloaded_bytes if r.report else 0, r.solver
             except InfeasibleBudgetError:
                 both, moved, source = None, 0, "-"

@@ -457,8 +457,9 @@ def run_solver(problem: Problem, solver: str, config: SolverConfig, *, progress:
         return Solved(checkpoint_every(problem, config, k=int(every or 1)), False, None)
     if solver == "chain":
         from solvers import chain
+        from solvers.planner import PLANNER
 
-        return Solved(chain.solve(problem, config), False, None)
+        return Solved(chain.solve(problem, config, planner=PLANNER), False, None)
     if solver == "multilevel":
         from solvers import multilevel
 

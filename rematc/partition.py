@@ -60,8 +60,8 @@ from solvers import (
     SolveResult,
     Status,
     check,
-    cpsat,
     min_feasible_peak,
+    planner,
     save_all,
     solve,
 )
@@ -339,9 +339,9 @@ def in_hand(problem: Problem, *, any_budget: bool = False) -> SolveResult | None
 
 def forget_plans_in_hand() -> None:
     """Drop the plans kept by :func:`keep_in_hand` and the solver's stated ones
-    (:func:`solvers.cpsat.forget_stated`); tests start from none."""
+    (:func:`solvers.planner.forget_stated`); tests start from none."""
     _IN_HAND.clear()
-    cpsat.forget_stated()
+    planner.forget_stated()
 
 
 def _unbudgeted_key(problem: Problem) -> str:

@@ -5,10 +5,11 @@ A deep model's step is a chain: its forward cut at its *boundaries* into segment
 with its *interior*, *window* and *region* (:mod:`solvers.segments`).
 
 Options. Each segment's region, cut out as a problem of its own (what it reads from
-outside becomes resident), is planned by CP-SAT at a sweep of budgets from its least
-peak to saving everything, beside recomputing every interior value (what checkpointing
-the segment does), recomputing the free ones, and saving the values dearest to recompute
-for their bytes up to each ``1 / DEAREST`` of what it could save. Segments of the same
+outside becomes resident), is planned by the planner the chain model is handed
+(:class:`solvers.result.Planner`) at a sweep of budgets from its least peak to saving
+everything, beside recomputing every interior value (what checkpointing the segment
+does), recomputing the free ones, and saving the values dearest to recompute for their
+bytes up to each ``1 / DEAREST`` of what it could save. Segments of the same
 shape share their options: a 32-layer model has a handful of distinct segments, not 64.
 
 Spans. A *span* is one to ``SPAN`` consecutive segments planned as one: inside it, the
@@ -109,8 +110,8 @@ from solvers.checker import Report, check
 from solvers.hostcopy import Clock, offload_hidden
 from solvers.plan import Decision, Plan, PlanError, plan_from_decisions
 from solvers.problem import Copy, Node, Problem
-from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
-from solvers.sat import make_solver
+from solvers.result import InfeasibleBudgetError, Planner, SolverConfig, SolveResult, Status
+from solvers.sat import make_solver, rest
 from solvers.segments import Segment, find_segments
 
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
@@ -245,16 +246,14 @@ class Option:
     hostable: int = 0
 
 
-def options(c: Cut, config: SolverConfig, *, deadline: float) -> list[Option]:
+def options(c: Cut, config: SolverConfig, *, deadline: float, planner: Planner) -> list[Option]:
     """The options of one cut: its reference (recompute every interior value but the inner
     boundaries; first), save them all, recompute the free ones, recompute all (inner
     boundaries too), the dearest values kept at each ``1 / DEAREST`` of the bytes
-    (:func:`_fixed_plans`), and CP-SAT's cheapest plan at ``SWEEP`` budgets from the least
-    peak to saving all; none offloads. Pareto-dominated ones dropped, the reference kept.
-    An option is its decisions, so plans that recompute a value more than once are neither
-    sought nor kept (their schedule is more than their decisions)."""
-    from solvers import planner  # cpsat seeds its search with this module's plans
-
+    (:func:`_fixed_plans`), and ``planner``'s cheapest plan at ``SWEEP`` budgets from the
+    least peak to saving all; none offloads. Pareto-dominated ones dropped, the reference
+    kept. An option is its decisions, so plans that recompute a value more than once are
+    neither sought nor kept (their schedule is more than their decisions)."""
     p = c.problem
     # No option offloads: its copies would share the step's link with every other span's,
     # which only the chain level sees (``H``, :func:`compose`).
@@ -380,14 +379,6 @@ def _left(deadline: float, config: SolverConfig) -> float:
     if config.deterministic:
         return min(config.time_limit, SUB_LIMIT)
     return max(0.05, min(config.time_limit, SUB_LIMIT, deadline - time.perf_counter()))
-
-
-def _rest(config: SolverConfig, started: float) -> float:
-    """What is left of the time limit since ``started``; under ``config.deterministic`` the
-    whole limit (each solve counts its own work, not the wall clock)."""
-    if config.deterministic:
-        return config.time_limit
-    return max(0.1, config.time_limit - (time.perf_counter() - started))
 
 
 def _in_time(deadline: float, config: SolverConfig) -> bool:
@@ -519,10 +510,11 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> 
     return offload_hidden(problem, plan, order=order)[0]
 
 
-def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
+def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *, planner: Planner,
                 deadline: float | None = None) -> Chain | None:
     """The chain of ``problem`` with its spans' options, or None where it has none. Spans
-    of one segment are planned first; longer ones, shortest first, while time is left.
+    of one segment are planned first, by ``planner`` (:func:`options`); longer ones,
+    shortest first, while time is left.
     Inside :func:`sharing_options`, options are re-judged where a cut's structure was
     planned before, and after the first problem no longer span is searched."""
     segments = find_segments(problem)
@@ -557,7 +549,7 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *,
                 else:
                     if length > 1 and (later or not _in_time(deadline, config)):
                         continue
-                    by_shape[c.signature] = options(c, config, deadline=deadline)
+                    by_shape[c.signature] = options(c, config, deadline=deadline, planner=planner)
                     if bank is not None:
                         bank.by_structure[c.structure] = by_shape[c.signature]
             spans.append((first, last))
@@ -716,7 +708,7 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         hinted = set(hint)
         _hint(m, [v for xs in x for v in xs], [(i, k) in hinted for i, xs in enumerate(x) for k in range(len(xs))])
     # building the model counts against the time limit (seconds on a 405B step's spans)
-    built = config if config.deterministic else replace(config, time_limit=max(0.1, _rest(config, t0)))
+    built = config if config.deterministic else replace(config, time_limit=max(0.1, rest(config, t0)))
     solver = make_solver(replace(built, relative_gap=0.0))
     code = solver.solve(m)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -770,13 +762,15 @@ def link_rooms(chain: Chain) -> list[int]:
     return rooms[::-1]
 
 
-def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
+def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None,
+          planner: Planner | None = None) -> SolveResult:
     """The cheapest plan the chain model finds within ``problem.budget``, judged by the
     checker. Status FEASIBLE with its plan (the chain model's optimum is not the flat
     problem's), INFEASIBLE without one (the chain model proves nothing about the flat
-    problem), UNKNOWN on a problem without a chain."""
+    problem), UNKNOWN on a problem without a chain. ``chain``: built before; else it is
+    built with ``planner`` (:func:`build_chain`)."""
     t0 = time.perf_counter()
-    chain = chain or build_chain(problem, config)
+    chain = _built(problem, config, chain, planner)
     if chain is None:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=time.perf_counter() - t0, solver="chain")
@@ -807,7 +801,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
         # with no bound proven, or with no plan, is run once again from no hint.
         again = retried = False
         for tries in range(TIGHTEN):
-            left = _rest(config, t0) - reserve
+            left = rest(config, t0) - reserve
             if left <= 0:
                 break
             solves += 1
@@ -881,11 +875,13 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                        bound=0.0, wall_time=wall, solver="chain", stats=stats)
 
 
-def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None) -> SolveResult:
+def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None,
+             planner: Planner | None = None) -> SolveResult:
     """The least-peak plan of the chain model, judged by the checker (status FEASIBLE: not
-    a proof for the flat problem), or status UNKNOWN on a problem without a chain."""
+    a proof for the flat problem), or status UNKNOWN on a problem without a chain.
+    ``chain`` and ``planner`` as for :func:`solve`."""
     t0 = time.perf_counter()
-    chain = chain or build_chain(problem, config)
+    chain = _built(problem, config, chain, planner)
     chosen = solve_chain(chain, None, config, minimize_peak=True) if chain is not None else None
     if chosen is None:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
@@ -900,6 +896,17 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: 
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=check(problem, plan),
                        objective=report.added_time, bound=0.0, wall_time=time.perf_counter() - t0,
                        solver="chain-min-peak")
+
+
+def _built(problem: Problem, config: SolverConfig, chain: Chain | None,
+           planner: Planner | None) -> Chain | None:
+    """``chain``, or else ``problem``'s chain built with ``planner``."""
+    if chain is not None:
+        return chain
+    if planner is None:
+        raise TypeError("the chain model plans its segments with the planner: pass "
+                        "planner=solvers.planner.PLANNER, or a chain built before (chain=build_chain(...))")
+    return build_chain(problem, config, planner=planner)
 
 
 def describe(chain: Chain) -> Iterable[str]:

@@ -1,4 +1,10 @@
-r"""Exact save / recompute / offload planning on OR-Tools CP-SAT.
+r"""The flat CP-SAT model of a two-phase problem: exact save / recompute / offload planning.
+
+:func:`build` makes the model (one ``add_*`` function per constraint family below),
+:func:`prepare` hints it with a given plan and configures its solver, :func:`finish` judges
+the search's plan with the checker, and :func:`min_peak` runs the minimum-peak model. This
+module imports none of the other solvers: which plan seeds the search, and how an
+infeasible budget is explained, is :mod:`solvers.planner`'s.
 
 The model is the checker's memory and time model (:mod:`solvers.checker`) written as
 constraints, so that a plan the model accepts is one the checker accepts, and the optimum
@@ -123,63 +129,30 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from solvers import multilevel
-from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import Report, check
 from solvers.floor import baseline, unstored_extensions
-from solvers.hostcopy import offload_hidden
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Copy, Problem
-from solvers.result import InfeasibleBudgetError, SolverConfig, SolveResult, Status
+from solvers.result import SolverConfig, SolveResult, Status
 from solvers.sat import (
-    Watch,
     limit,
     make_peak_solver,
     make_solver,
     min_peak_result,
     objective_seconds,
     proven_optimal,
-    search,
     search_stats,
     spent,
 )
-
-if TYPE_CHECKING:
-    from solvers import chain as chain_model
 
 log = logging.getLogger(__name__)
 
 MAX_CUT_TERMS = 200_000  # bounds the size of add_memory_cuts: about 10 MB of model
 TRANSFER_CHOICES = 6  # steps an offloaded value's copy window may end (out) or start (back) at
-SEED_SHARE = 0.2  # of the time limit, at most, for the greedy plan that seeds the search
-PEAK_SEED_SHARE = 0.5  # of it, at most, for the minimum-peak model's seed when the greedy's does not fit
-# From this many decisions the flat model no longer improves on the chain model's plan in
-# a minute, so the chain model gets all the time and the flat search does not run
-# (docs/solvers.md, the chain model).
-CHAIN_ONLY_CANDIDATES = 1000
-LATE_GREEDY_SHARE = 0.05  # of the time limit, kept for the greedy after the chain model's plan there
-BOUND_SHARE = 0.05  # of the time limit, at most, for the step relaxation's bound there (solvers.bound)
-KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
-# With a host link, of the time limit for the flat search without it, whose plan starts
-# the search with it (:func:`recompute_only`)
-RECOMPUTE_FIRST_SHARE = 0.5
-CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) that may seed it instead
-# Candidates from which a problem's chain model runs: below, the flat model finds the
-# optimum or near it within seconds (the 6-layer GPT-2's 200), above it stalls on its start
-# (Llama-2-7B's 32 layers: 1421 decisions, never better than the greedy's plan in 60 s).
-CHAIN_MIN_CANDIDATES = 300
-STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers (:func:`state`)
-
-# The least-peak plan behind each unproven smallest budget an error stated, by unbudgeted
-# problem. The searches that found it run against the wall clock (the chain model plans
-# fewer spans on a loaded machine), so a later solve may not find it again; it starts
-# from this plan instead, and the budget the error stated gets a plan. Kept with its peak.
-_STATED: dict[Problem, tuple[int, Plan]] = {}
 
 
 @dataclass
@@ -200,7 +173,7 @@ class Model:
     start: dict[int, cp_model.IntVar] = field(default_factory=dict)  # C_k: when step k starts
     T: dict[int, cp_model.IntVar] = field(default_factory=dict)  # v's last backward reader takes it over
     capacity: cp_model.IntVar | int = 0
-    seed: Plan | None = None  # the plan the search was hinted with (:func:`seed`'s)
+    seed: Plan | None = None  # the plan the search was hinted with (:func:`prepare`'s ``start``)
 
     sizes: dict[str, int] = field(default_factory=dict)  # constraints per family, for logs
 
@@ -578,84 +551,15 @@ def two_phase(problem: Problem) -> None:
                          "solvers.solve picks the solver for any problem")
 
 
-
-
-def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
-    """The cheapest save/recompute plan within ``problem.budget``.
-
-    Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
-    fits. On a time-out, returns the best plan found (status FEASIBLE, with its gap), or
-    status UNKNOWN and no plan. Two-phase problems only (:mod:`solvers.planner` sends a
-    single-phase one to :mod:`solvers.singlephase`).
-    """
+def prepare(problem: Problem, config: SolverConfig, *, start: Plan | None = None, started: float | None = None,
+            work: float = 0.0) -> tuple[Model, cp_model.CpSolver]:
+    """The model, hinted with ``start`` where given, and a configured solver whose time
+    limit is what is left of ``config``'s since ``started`` (now where not given; ``work``:
+    the deterministic seconds spent since then under ``config.deterministic``).
+    ``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units."""
     two_phase(problem)
-    t0 = time.perf_counter()
-    known = known_only(problem, config)
-    if known is not None:
-        return known
-    model, solver = prepare(problem, config)
-    watch = Watch()
-    code = search(solver, model.cp, config, watch, seeded=model.seed is not None)
-    return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
-
-
-def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
-    """On a problem of at least ``CHAIN_ONLY_CANDIDATES`` decisions, the cheapest plan that
-    fits among the greedy's, checkpointing's, the multi-level one's and the chain model's,
-    the chain model given what is left of the time limit; None on a smaller problem (the
-    flat search runs then). Status FEASIBLE, bounded by the step relaxation
-    (:mod:`solvers.bound`): none of these searches proves a bound. Where none fits, raises
-    :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
-    proven least: the flat search, which could prove it, does not finish at this size)."""
-    two_phase(problem)
-    if problem.budget is None or len(problem.candidates) < CHAIN_ONLY_CANDIDATES:
-        return None
-    t0 = time.perf_counter()
-    from solvers import bound, chain
-
-    # What no plan beats (the searches below prove no bound), in a share of the time.
-    relaxed = bound.lower_bound(problem, seconds=bound_time(config))
-    built = chain.build_chain(problem, config)
-    found = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
-    # The greedy comes last, with what the chain model leaves of the time: at this size
-    # one of its checker replays takes up to half a second, and its plan is seldom the best.
-    share = 0.0 if config.deterministic else config.time_limit * LATE_GREEDY_SHARE
-    left = replace(config, time_limit=max(0.1, chain._rest(config, t0) - share))
-    found.append(chain.solve(problem, left, chain=built))
-    # it checks the clock between checker replays: stopped one replay early (about what
-    # the chain model's last plan took to judge), it ends within the limit
-    judged = built.judge_s if built is not None else 0.0
-    found.append(greedy(problem, SolverConfig(
-        time_limit=math.inf if config.deterministic else max(0.0, chain._rest(config, t0) - judged))))
-    fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
-    if not fitting:
-        low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
-                  key=lambda r: r.report.peak)  # type: ignore[union-attr]
-        assert low.report is not None and low.plan is not None
-        if not low.report.fits:  # a least-peak plan may fit where the budgeted searches missed
-            at_least = bound.least_budget(problem, low.report.peak, seconds=bound_time(config))
-            raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan,
-                                              at_least=at_least), problem)
-        fitting = [low]
-    best = min(fitting, key=lambda r: r.objective)
-    return replace(best, status=Status.FEASIBLE, bound=min(best.objective, relaxed.seconds),
-                   wall_time=time.perf_counter() - t0,
-                   stats={**best.stats, "from": best.solver, "bound_step": -1 if relaxed.step is None else relaxed.step})
-
-
-def bound_time(config: SolverConfig) -> float:
-    """Seconds for the step relaxation (:mod:`solvers.bound`): ``BOUND_SHARE`` of the time
-    limit, or no limit under ``config.deterministic`` (its work does not depend on time)."""
-    return math.inf if config.deterministic else config.time_limit * BOUND_SHARE
-
-
-def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpSolver]:
-    """The model, hinted with its :func:`seed` when there is one, and a configured solver
-    (``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units)."""
-    two_phase(problem)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if started is None else started
     model = build(problem)
-    start, work = seeded(problem, config)
     if start is not None:
         hint(model, start)
         model.seed = start
@@ -668,151 +572,55 @@ def prepare(problem: Problem, config: SolverConfig) -> tuple[Model, cp_model.CpS
     return model, solver
 
 
-def seed(problem: Problem, config: SolverConfig) -> Plan | None:
-    """A plan to start the search from: the cheapest within budget of the greedy's (given
-    ``SEED_SHARE`` of the time), :func:`known_plans` and, with a host link, the plan found
-    without it (:func:`recompute_only`); else the minimum-peak model's first plan within
-    budget (``PEAK_SEED_SHARE``), or the least-peak plan it found; or None. Raises
-    :class:`InfeasibleBudgetError` when that search proves the least peak over the budget.
-    See docs/solvers.md, "solvers.solve"."""
-    return seeded(problem, config)[0]
+def finish(problem: Problem, model: Model, solver: cp_model.CpSolver, code: cp_model.CpSolverStatus, *,
+           started: float, stalled: bool = False) -> SolveResult:
+    """The result of a finished (or stopped) search: the checker's verdict on its plan, or
+    on the seed it was hinted with where that adds less time (or the search found none);
+    status OPTIMAL where the search proved its own plan best, INFEASIBLE (no plan) where
+    it proved that none fits the budget, UNKNOWN where there is no plan."""
+    wall = time.perf_counter() - started
+    stats = solve_stats(model, solver, code, stalled=stalled)
+    if code == cp_model.INFEASIBLE:
+        return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf,
+                           bound=math.inf, wall_time=wall, solver="cpsat", stats=stats)
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
+    bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)
+    judged: list[tuple[str, Plan, Report]] = []
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        plan = extract_plan(model, solver)
+        report = check(problem, plan)
+        if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
+            raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
+        judged.append(("cpsat", plan, report))
+    # The search may stop (at the gap limit, the time limit) on a plan dearer than the one
+    # it was hinted with: with several workers, on whichever plan one of them reports
+    # first. The hint is a plan too, where it fits (the least-peak seed may not).
+    if model.seed is not None and (seeded := check(problem, model.seed)).fits:
+        judged.append(("seed", model.seed, seeded))
+    if not judged:
+        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
+                           bound=bound, wall_time=wall, solver="cpsat", stats=stats)
+    source, plan, report = min(judged, key=lambda j: j[2].added_time)  # CP-SAT's on a tie
+    if source == "seed":
+        stats["from_seed"] = 1
+    proven = source == "cpsat" and proven_optimal(code, solver, model.tie_break)
+    return SolveResult(
+        status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
+        objective=report.added_time, bound=min(report.added_time, bound),
+        wall_time=wall, solver="cpsat", stats=stats,
+    )
 
 
-def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
-    """:func:`seed`'s plan and the deterministic seconds counted for its searches: the
-    recompute-only one's share and what the minimum-peak search ran (0 where neither ran).
-    Under ``config.deterministic`` the greedy has no time limit (it stops after about two
-    replays per candidate)."""
-    share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
-    start = greedy(problem, SolverConfig(time_limit=share))
-    local, least, work = recompute_only(problem, config)
-    fitting = [r for r in [start, *local, *known_plans(problem, config)] if r.plan is not None]
-    if fitting:
-        return min(fitting, key=lambda r: r.objective).plan, work
-    if problem.budget is None:
-        return start.plan, work
+def min_peak(problem: Problem, config: SolverConfig, *, start: Plan | None = None) -> SolveResult:
+    """The least-peak plan of the minimum-peak model (:func:`peak_search`, hinted with
+    ``start``), judged by the checker against ``problem``'s budget: status OPTIMAL where
+    its peak is proven least (``report.peak`` is then the smallest feasible budget),
+    FEASIBLE where not, UNKNOWN where the search found no plan."""
     t0 = time.perf_counter()
-    capacity = problem.scale.capacity(problem.budget)
-    model, solver, code = peak_search(problem, replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE),
-                                      stop=StopAtMost(capacity), start=least)
-    work += solver.deterministic_time
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, work
-    plan = extract_plan(model, solver)
-    fits = solver.objective_value <= capacity
-    if code == cp_model.OPTIMAL and not fits:
-        raise InfeasibleBudgetError(problem.budget, check(problem, plan).peak, proven=True, plan=plan)
-    log.info("seed: the minimum-peak model's %s after %.1f s",
-             "first plan within budget" if fits else "least-peak plan found (over budget)",
-             time.perf_counter() - t0)
-    return plan, work
-
-
-def recompute_only(problem: Problem, config: SolverConfig) -> tuple[list[SolveResult], Plan | None, float]:
-    """Where ``problem`` has a host link: the flat search's plan without it, given
-    ``RECOMPUTE_FIRST_SHARE`` of the time limit. Moving nothing, that plan is one here
-    too, so a search it starts never ends dearer than recompute-only's; the offload
-    model, with its copy windows, is larger and may not reach that plan on its own in the
-    time. Returns ([the plan judged against ``problem``] or [], the least-peak plan the
-    search found where no plan fits the budget (else None), the deterministic seconds
-    counted for it under ``config.deterministic``, else 0)."""
-    if problem.host_bandwidth <= 0 or problem.single_phase:
-        return [], None, 0.0
-    local = replace(config, time_limit=config.time_limit * RECOMPUTE_FIRST_SHARE)
-    work = local.time_limit if config.deterministic else 0.0
-    try:
-        found = solve(replace(problem, host_bandwidth=0.0), local)
-    except InfeasibleBudgetError as e:
-        return [], e.plan, work
-    if found.plan is None:
-        return [], None, work
-    report = check(problem, found.plan)
-    return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time,
-                    bound=0.0, solver="recompute-only")], None, work
-
-
-def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """The checkpointing baselines, each judged by the checker: every k-th segment kept for
-    k in ``KNOWN_EVERY`` (k = 1 is checkpointing every block) and selective checkpointing."""
-    return [*(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY), selective(problem, config)]
-
-
-def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """Where the problem has a host link, checkpointing every k-th segment (k in
-    ``KNOWN_EVERY``) with what it keeps offloaded where the copies hide
-    (:func:`solvers.hostcopy.offload_hidden`), each judged against the budget."""
-    if problem.host_bandwidth <= 0 or problem.single_phase:
-        return []
-    out = []
-    for k in KNOWN_EVERY:
-        r = checkpoint_every(problem.with_budget(None), config, k=k)
-        if r.plan is None:
-            continue
-        t0 = time.perf_counter()
-        plan, report = offload_hidden(problem, r.plan)
-        if plan is not r.plan:
-            out.append(SolveResult(status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
-                                   plan=plan if report.fits else None, report=report,
-                                   objective=report.added_time, bound=0.0,
-                                   wall_time=r.wall_time + time.perf_counter() - t0,
-                                   solver=f"{r.solver}+offload"))
-    return out
-
-
-def grouped(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """The multi-level plan (:mod:`solvers.multilevel`) where ``config.multilevel``."""
-    return [multilevel.solve(problem, config)] if config.multilevel else []
-
-
-def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """Plans found without the flat search, each judged by the checker: the checkpointing
-    baselines (:func:`checkpointing`), the multi-level plan (:func:`grouped`) and, on
-    problems of at least ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
-    ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
-    every search, so no search ends on a plan dearer than one of them."""
-    from solvers import chain  # it plans each segment with this module
-
-    out = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
-    out.extend(stated(problem))
-    # Not under ``config.deterministic``: every span would be planned (no wall-clock
-    # deadline), minutes on a 300-value graph.
-    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
-        out.append(chain.solve(problem, replace(config, time_limit=config.time_limit * CHAIN_SHARE)))
-    return out
-
-
-def state(error: InfeasibleBudgetError, problem: Problem) -> InfeasibleBudgetError:
-    """``error``, after remembering the plan behind its smallest budget when that budget is
-    not proven (a proven one is found again by any search): :func:`stated` hands it to every
-    later solve of ``problem`` in this process, at any budget."""
-    if not error.proven and error.plan is not None and error.min_feasible is not None:
-        key = problem.with_budget(None)
-        kept = _STATED.get(key)
-        if kept is None or kept[0] > error.min_feasible:
-            _STATED.pop(key, None)
-            if len(_STATED) >= STATED_KEPT:
-                _STATED.pop(next(iter(_STATED)))
-            _STATED[key] = (error.min_feasible, error.plan)
-    return error
-
-
-def stated(problem: Problem, *, fitting: bool = True) -> list[SolveResult]:
-    """The plan behind the smallest budget an error stated for ``problem`` (:func:`state`),
-    judged against its budget; none where there is none or (``fitting``) it does not fit."""
-    kept = _STATED.get(problem.with_budget(None)) if _STATED else None
-    if kept is None:
-        return []
-    plan = kept[1]
-    report = check(problem, plan)
-    if fitting and not report.fits:
-        return []
-    return [SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
-                        bound=0.0, wall_time=0.0, solver="stated")]
-
-
-def forget_stated() -> None:
-    """Drop the plans :func:`state` remembered (tests start from none)."""
-    _STATED.clear()
+    model, solver, code = peak_search(problem, config, start=start)
+    return min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
+                           name="cpsat-min-peak", stats=solve_stats(model, solver, code))
 
 
 def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None,
@@ -839,121 +647,6 @@ class StopAtMost(cp_model.CpSolverSolutionCallback):
             self.stop_search()
 
 
-def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_model.CpSolver,
-           code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False) -> SolveResult:
-    """The result of a finished (or stopped) search: the checker's verdict on its plan, or
-    on the seed it was hinted with where that adds less time (or the search found none);
-    :class:`InfeasibleBudgetError` with the smallest feasible budget when proven
-    infeasible; status UNKNOWN when there is no plan."""
-    from solvers import bound as relaxation
-
-    wall = time.perf_counter() - started
-    stats = solve_stats(model, solver, code, stalled=stalled)
-    if code == cp_model.INFEASIBLE:
-        assert problem.budget is not None
-        peak = min_feasible_peak(problem, config)
-        proven = peak.status is Status.OPTIMAL
-        least = peak.report.peak if peak.report else None
-        # where the search proves no least peak, what the step relaxation proves instead
-        at_least = (relaxation.least_budget(problem, least, seconds=bound_time(config))
-                    if least is not None and not proven else None)
-        raise state(InfeasibleBudgetError(problem.budget, least, proven=proven, plan=peak.plan,
-                                          at_least=at_least), problem)
-    if code == cp_model.MODEL_INVALID:
-        raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
-    bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)
-    judged: list[tuple[str, Plan, Report]] = []
-    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        plan = extract_plan(model, solver)
-        report = check(problem, plan)
-        if not report.fits:  # the model and the checker disagree: a bug, never a silent plan
-            raise AssertionError(f"CP-SAT plan peaks at {report.peak} B over budget {problem.budget} B")
-        judged.append(("cpsat", plan, report))
-    # The search may stop (at the gap limit, the time limit) on a plan dearer than the one
-    # it was hinted with: with several workers, on whichever plan one of them reports
-    # first. The hint is a plan too, where it fits (the least-peak seed may not).
-    if model.seed is not None and (seeded := check(problem, model.seed)).fits:
-        judged.append(("seed", model.seed, seeded))
-    if not judged:
-        return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
-                           bound=bound, wall_time=wall, solver="cpsat", stats=stats)
-    source, plan, report = min(judged, key=lambda j: j[2].added_time)  # CP-SAT's on a tie
-    if source == "seed":
-        stats["from_seed"] = 1
-    proven = source == "cpsat" and proven_optimal(code, solver, model.tie_break)
-    if not proven:  # the step relaxation may prove more than the search did
-        bound = max(bound, relaxation.lower_bound(problem, seconds=bound_time(config)).seconds)
-    return SolveResult(
-        status=Status.OPTIMAL if proven else Status.FEASIBLE, plan=plan, report=report,
-        objective=report.added_time, bound=min(report.added_time, bound),
-        wall_time=wall, solver="cpsat", stats=stats,
-    )
-
-
-def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
-    """The plan with the smallest checker peak (any added time); ``report.peak`` is the
-    smallest feasible budget when the status is OPTIMAL. Where the search proves nothing,
-    never above the least peak of the plans :func:`known_plans` finds without a budget."""
-    two_phase(problem)
-    t0 = time.perf_counter()
-    if len(problem.candidates) >= CHAIN_ONLY_CANDIDATES:  # the flat search would find less
-        known = least_known_peaks(problem, config)
-    else:
-        # With a host link, the least peak without it first (a plan here too, though not
-        # proven least: offload may go lower), to start the larger model's search.
-        local = least_peak_unlinked(problem, config)
-        rest = replace(config, time_limit=config.time_limit * (1 - RECOMPUTE_FIRST_SHARE)) if local else config
-        model, solver, code = peak_search(problem, rest, start=local[0].plan if local else None)
-        found = min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
-                                name="cpsat-min-peak", stats=solve_stats(model, solver, code))
-        if found.status is Status.OPTIMAL:
-            return found
-        known = [found, *local, *least_known_peaks(problem, config)]
-    best = min((r for r in known if r.report is not None), key=lambda r: r.report.peak)  # type: ignore[union-attr]
-    return replace(best, wall_time=time.perf_counter() - t0)
-
-
-def least_peak_unlinked(problem: Problem, config: SolverConfig) -> list[SolveResult]:
-    """Where ``problem`` has a host link: the least-peak plan without it, searched for with
-    ``RECOMPUTE_FIRST_SHARE`` of the time limit and judged against ``problem`` (status
-    FEASIBLE: least without offload, not proven least with it); else none."""
-    if problem.host_bandwidth <= 0 or problem.single_phase:
-        return []
-    found = min_feasible_peak(replace(problem, host_bandwidth=0.0),
-                              replace(config, time_limit=config.time_limit * RECOMPUTE_FIRST_SHARE))
-    if found.plan is None:
-        return []
-    report = check(problem, found.plan)
-    return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time)]
-
-
-def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain_model.Chain | None = None
-                      ) -> list[SolveResult]:
-    """:func:`known_plans`' least-peak plans and the one behind a smallest budget stated
-    before (:func:`stated`), each judged against ``problem``'s budget. ``built``: the
-    problem's chain model, already built (its least peak is then taken with the whole of
-    ``config``'s time limit)."""
-    from solvers import chain
-
-    unbudgeted = problem.with_budget(None)
-    plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
-    plans += [r.plan for r in hosted(unbudgeted, config)]
-    if config.multilevel:
-        plans.append(multilevel.min_peak(unbudgeted, config).plan)
-    if built is not None:
-        plans.append(chain.min_peak(unbudgeted, config, chain=built).plan)
-    elif len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
-        plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=config.time_limit * CHAIN_SHARE)).plan)
-    out = []
-    for plan in plans:
-        if plan is not None:
-            report = check(problem, plan)
-            out.append(SolveResult(status=Status.FEASIBLE, plan=plan, report=report,
-                                   objective=report.added_time, bound=0.0, wall_time=0.0,
-                                   solver="known-min-peak"))
-    return [*out, *stated(problem, fitting=False)]
-
-
 def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
     """Read the decisions; the canonical schedule follows from them."""
     decisions: dict[int, Decision] = {}
@@ -970,7 +663,7 @@ def extract_plan(model: Model, solver: cp_model.CpSolver) -> Plan:
 
 
 def hint(model: Model, plan: Plan) -> None:
-    """Start the search from ``plan`` (:func:`seed`'s)."""
+    """Start the search from ``plan`` (:attr:`Model.seed` records it where it is the seed)."""
     p = model.problem
     anchor: dict[int, int] = {}
     for s in plan.schedule:  # a value recomputed more than once: its first recomputation
@@ -1018,8 +711,6 @@ def _recomputed_taker(p: Problem, v: int, candidates: set[int]) -> int | None:
         return None
     node = p.nodes[w]
     return w if node.recomputable and node.stores(Copy.RECOMPUTED) else None
-
-
 
 
 def _candidate_deps(m: Model, w: int) -> Iterable[int]:

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solvers import cpsat, planner
+from solvers import planner
 from solvers.checker import check
 from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
-from solvers.sat import Watch, search
+from solvers.sat import Watch, objective_seconds, search
 from solvers.singlephase import anywhere
 
 
@@ -82,8 +82,8 @@ class _Watcher(Watch):
         self.bound = 0.0
 
     def on_solution_callback(self) -> None:
-        objective = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.objective_value)
-        bound = cpsat.objective_seconds(self._model.tie_break, self._model.problem, self.best_objective_bound)
+        objective = objective_seconds(self._model.tie_break, self._model.problem, self.objective_value)
+        bound = objective_seconds(self._model.tie_break, self._model.problem, self.best_objective_bound)
         with self.lock:
             best = objective if self.objective is None else min(objective, self.objective)
             self.objective, self.bound = best, min(bound, best)

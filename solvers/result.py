@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from solvers.checker import Report
 from solvers.plan import Plan
@@ -100,3 +100,12 @@ class Solver(Protocol):
     """Every solver: ``solve(problem, config) -> SolveResult``; budget from the problem."""
 
     def __call__(self, problem: Problem, config: SolverConfig, /) -> SolveResult: ...
+
+
+class Planner(NamedTuple):
+    """The planner's two entry points (:mod:`solvers.planner`), handed to a solver that
+    plans parts of a problem with the whole portfolio, as the chain model plans its
+    segments: the planner runs that solver, so that solver cannot import the planner."""
+
+    solve: Solver  # the cheapest plan within the problem's budget
+    min_feasible_peak: Solver  # the plan of least peak

@@ -1,5 +1,5 @@
-"""CP-SAT plumbing both exact models share: the configured solver, bounds in seconds,
-search statistics."""
+"""CP-SAT plumbing every search shares: the configured solver, the time left of a limit,
+bounds in seconds, search statistics. Imports none of the solvers."""
 
 from __future__ import annotations
 
@@ -57,6 +57,15 @@ def spent(config: SolverConfig, started: float, work: float) -> float:
     """What a solve has used of its time limit since ``started``: wall seconds, or under
     ``config.deterministic`` the ``work`` its stages counted (deterministic seconds)."""
     return work if config.deterministic else time.perf_counter() - started
+
+
+def rest(config: SolverConfig, started: float) -> float:
+    """What is left of the time limit since ``started`` (0.1 s at least); under
+    ``config.deterministic`` the whole limit (each solve counts its own work, not the wall
+    clock)."""
+    if config.deterministic:
+        return config.time_limit
+    return max(0.1, config.time_limit - (time.perf_counter() - started))
 
 
 def make_peak_solver(config: SolverConfig) -> cp_model.CpSolver:

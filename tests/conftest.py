@@ -22,8 +22,8 @@ import pytest
 # The solver tests need no torch: without it, only they are collected.
 TORCH_FREE = frozenset({
     "test_anywhere.py", "test_baselines.py", "test_bound.py", "test_checker.py", "test_cpsat.py",
-    "test_determinism.py", "test_free.py", "test_importers.py", "test_io.py", "test_local.py",
-    "test_problem.py", "test_stall.py", "test_window.py",
+    "test_determinism.py", "test_free.py", "test_importers.py", "test_io.py", "test_layers.py",
+    "test_local.py", "test_problem.py", "test_stall.py", "test_window.py",
 })
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -38,7 +38,7 @@ def pytest_ignore_collect(collection_path: object) -> bool | None:
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
     if not HAS_TORCH:
-        from solvers.cpsat import forget_stated
+        from solvers.planner import forget_stated
 
         forget_stated()  # a plan an earlier test's error stated is not this test's
         yield

@@ -165,7 +165,7 @@ def test_the_two_phase_model_leaves_single_phase_problems_to_the_planner() -> No
     imported += [a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names]
     assert imported and not [m for m in imported if "singlephase" in m]
     with pytest.raises(ValueError, match="single-phase"):
-        cpsat.solve(three_reads().with_budget(24), CFG)
+        cpsat.prepare(three_reads().with_budget(24), CFG)
 
 @st.composite
 def small_dags(draw: st.DrawFn) -> Problem:

@@ -21,10 +21,11 @@ from solvers import (
     Status,
     chain,
     check,
-    cpsat,
+    planner,
 )
 from solvers.baselines import checkpoint_every, save_all
 from solvers.floor import baseline
+from solvers.planner import PLANNER
 from solvers.segments import find_segments
 from tests import realmodels
 from tests.helpers import assert_same_step, run_step
@@ -76,7 +77,7 @@ def test_a_problem_without_a_backward_has_no_chain() -> None:
     problem = tiny_gpt(2)
     forward = Problem(nodes=problem.nodes[:problem.n_forward], name="forward only")
     assert find_segments(forward) == []
-    assert chain.solve(forward).status is Status.UNKNOWN
+    assert chain.solve(forward, planner=PLANNER).status is Status.UNKNOWN
 
 
 def covers(built: chain.Chain) -> list[list[tuple[int, int]]]:
@@ -99,7 +100,7 @@ def test_the_chain_optimum_equals_brute_force_over_its_spans_and_options(monkeyp
     checker, and counts exactly what it counts where every span is one segment."""
     monkeypatch.setattr(chain, "SPAN", 2)
     problem = tiny_gpt(2)
-    built = chain.build_chain(problem, EVERY_SPAN)
+    built = chain.build_chain(problem, EVERY_SPAN, planner=PLANNER)
     assert built is not None and built.distinct < len(built.spans)
     assert any(last > first for first, last in built.spans), "no span of several segments"
     choices = covers(built)
@@ -127,7 +128,7 @@ def test_the_chain_model_goes_below_checkpointing_and_spans_recompute_their_boun
     boundaries inside it, and the step's plan it makes passes the checker."""
     model, inputs = make_gpt(GPTConfig.tiny(n_layer=4, vocab=16), batch=32, seed=0)
     problem = trace(model, inputs, target="eager").problem
-    built = chain.build_chain(problem, EVERY_SPAN)
+    built = chain.build_chain(problem, EVERY_SPAN, planner=PLANNER)
     assert built is not None
     least = chain.min_peak(problem, FAST, chain=built)
     every = checkpoint_every(problem).report
@@ -153,12 +154,12 @@ def test_the_chain_model_goes_below_checkpointing_and_spans_recompute_their_boun
 @pytest.mark.parametrize("n_layer", [2, 4])
 def test_the_chain_plan_is_within_its_margin_of_the_flat_optimum(n_layer: int) -> None:
     problem = tiny_gpt(n_layer)
-    least = chain.min_peak(problem, FAST).report.peak  # type: ignore[union-attr]
+    least = chain.min_peak(problem, FAST, planner=PLANNER).report.peak  # type: ignore[union-attr]
     for budget in budgets(problem, least, (6, 9)):
         bounded = problem.with_budget(budget)
-        flat = cpsat.solve(bounded, SolverConfig(time_limit=30.0))
+        flat = planner.solve(bounded, SolverConfig(time_limit=30.0))
         assert flat.status is Status.OPTIMAL
-        ours = chain.solve(bounded, FAST)
+        ours = chain.solve(bounded, FAST, planner=PLANNER)
         assert ours.plan is not None and ours.report is not None and ours.report.fits
         assert flat.objective - 1e-12 <= ours.objective <= FLAT_MARGIN * flat.objective + 1e-12
 
@@ -170,16 +171,16 @@ def test_no_search_ends_dearer_than_checkpointing() -> None:
     every = checkpoint_every(problem).report
     assert every is not None
     rushed = SolverConfig(time_limit=0.01, workers=1)
-    result = cpsat.solve(problem.with_budget(every.peak), rushed)
+    result = planner.solve(problem.with_budget(every.peak), rushed)
     assert result.plan is not None and result.objective <= every.added_time
-    least = cpsat.min_feasible_peak(problem, rushed)
+    least = planner.min_feasible_peak(problem, rushed)
     assert least.report is not None and least.report.peak <= every.peak
 
 
 def test_chain_seeded_plans_give_eager_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the chain model seeding every search, a binding budget on the eager route gives
     eager's loss and gradients, and the plan fits."""
-    monkeypatch.setattr(cpsat, "CHAIN_MIN_CANDIDATES", 0)
+    monkeypatch.setattr(planner, "CHAIN_MIN_CANDIDATES", 0)
     calls: list[Problem] = []
     solve = chain.solve
     monkeypatch.setattr(chain, "solve", lambda problem, *a, **k: calls.append(problem) or solve(problem, *a, **k))
@@ -229,27 +230,27 @@ def test_large_problems_take_the_best_known_plan_and_state_a_budget_that_works(
     """Past CHAIN_ONLY_CANDIDATES the flat search does not run: the plan is the cheapest
     known one that fits (never dearer than checkpointing), and a budget none fits raises
     InfeasibleBudgetError with a smallest budget that then gets a plan."""
-    monkeypatch.setattr(cpsat, "CHAIN_ONLY_CANDIDATES", 0)
+    monkeypatch.setattr(planner, "CHAIN_ONLY_CANDIDATES", 0)
     problem = meta_llama()
     every = checkpoint_every(problem).report
     assert every is not None
-    result = cpsat.solve(problem.with_budget(every.peak), FAST)
+    result = planner.solve(problem.with_budget(every.peak), FAST)
     assert result.plan is not None and result.objective <= every.added_time
     source = str(result.stats["from"])
     assert source in ("chain", "greedy") or source.startswith("checkpoint_every_")
     floor = max(baseline(problem))
     with pytest.raises(InfeasibleBudgetError) as raised:
-        cpsat.solve(problem.with_budget(floor - 1), FAST)
+        planner.solve(problem.with_budget(floor - 1), FAST)
     least = raised.value.min_feasible
     assert least is not None and floor <= least <= every.peak
-    assert cpsat.solve(problem.with_budget(least), FAST).plan is not None
+    assert planner.solve(problem.with_budget(least), FAST).plan is not None
     # The searches behind that figure run against the clock: on a loaded machine the chain
     # model plans fewer spans and finds a higher least peak. The stated budget still works.
     none = SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=float("inf"),
                        bound=0.0, wall_time=0.0, solver="chain")
     monkeypatch.setattr(chain, "solve", lambda *_, **__: none)
     monkeypatch.setattr(chain, "min_peak", lambda p, *_, **__: save_all(p))
-    assert cpsat.solve(problem.with_budget(least), FAST).plan is not None
+    assert planner.solve(problem.with_budget(least), FAST).plan is not None
 
 
 def test_options_found_at_one_batch_are_rejudged_at_another(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,14 +266,14 @@ def test_options_found_at_one_batch_are_rejudged_at_another(monkeypatch: pytest.
     traced = trace(model, inputs, target="eager")
     small, large = traced.at_batch(4), traced.at_batch(16)
     with chain.sharing_options() as bank:
-        first = chain.build_chain(small, EVERY_SPAN)
+        first = chain.build_chain(small, EVERY_SPAN, planner=PLANNER)
         assert first is not None and bank.reused == 0
 
         def no_search(*args: object, **kwargs: object) -> None:
             raise AssertionError("a segment was searched again")
 
         monkeypatch.setattr(chain, "options", no_search)
-        again = chain.build_chain(large, EVERY_SPAN)
+        again = chain.build_chain(large, EVERY_SPAN, planner=PLANNER)
     assert again is not None and bank.reused == again.distinct == first.distinct
     assert [c.structure for c in again.cuts] == [c.structure for c in first.cuts]
     assert [c.signature for c in again.cuts] != [c.signature for c in first.cuts]  # other sizes

@@ -21,6 +21,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import solvers.cpsat
+import solvers.planner
 from solvers import (
     Decision,
     InfeasibleBudgetError,
@@ -244,7 +245,7 @@ def greedy_never_fits(monkeypatch: pytest.MonkeyPatch) -> None:
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=float("inf"),
                            bound=0.0, wall_time=0.0, solver="greedy")
 
-    monkeypatch.setattr(solvers.cpsat, "greedy", unfit)
+    monkeypatch.setattr(solvers.planner, "greedy", unfit)
 
 
 @pytest.mark.usefixtures("greedy_never_fits")
@@ -257,10 +258,10 @@ def test_peak_seed_fits_or_proves_the_least_budget(graph: str, budget: int) -> N
     outcomes = HAND_OUTCOMES[graph]
     if cheapest(outcomes, budget) is None:
         with pytest.raises(InfeasibleBudgetError) as info:
-            solvers.cpsat.seed(q, CFG)
+            solvers.planner.seed(q, CFG)
         assert info.value.min_feasible == min(o.peak for o in outcomes)
     else:
-        start = solvers.cpsat.seed(q, CFG)
+        start = solvers.planner.seed(q, CFG)
         assert start is not None and check(q, start).fits
     assert_matches_brute_force(HAND[graph], budget, outcomes)
 
@@ -654,15 +655,15 @@ def test_a_search_stopped_on_a_dearer_plan_returns_the_seed() -> None:
     adding 59 ms in five of six runs, where the greedy seed adds 0.03 ms. The seed is a
     plan too: the cheaper one is returned."""
     p = chain().with_budget(save_all(chain()).report.peak)  # everything fits: the seed adds 0
-    model, solver = solvers.cpsat.prepare(p, CFG)
+    model, solver = solvers.planner.prepare(p, CFG)
     assert model.seed is not None and check(p, model.seed).added_time == 0
     model.cp.add(model.R[next(iter(model.R))] == 1)  # the search must recompute something
     code = solver.solve(model.cp)
-    result = solvers.cpsat.finish(p, CFG, model, solver, code, started=0.0)
+    result = solvers.planner.finish(p, CFG, model, solver, code, started=0.0)
     assert result.plan == model.seed and result.objective == 0
     assert result.status is Status.FEASIBLE and result.stats["from_seed"] == 1
     # No time to find anything: the seed, not "no plan".
-    model, solver = solvers.cpsat.prepare(p, CFG)
+    model, solver = solvers.planner.prepare(p, CFG)
     solver.parameters.max_deterministic_time = 0.0
-    result = solvers.cpsat.finish(p, CFG, model, solver, solver.solve(model.cp), started=0.0)
+    result = solvers.planner.finish(p, CFG, model, solver, solver.solve(model.cp), started=0.0)
     assert result.plan == model.seed and result.status is Status.FEASIBLE

@@ -30,8 +30,8 @@ from solvers import (
     Status,
     chain,
     check,
-    cpsat,
     multilevel,
+    planner,
 )
 from solvers.baselines import checkpoint_every, save_all
 from solvers.checker import transfer_stalls
@@ -179,7 +179,7 @@ def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets(deep_
     built = deep_chain
     assert built.reference.offloaded_bytes > 0 and built.reference.peak < every_segment_peak(alone)
     budget = int(0.7 * every_segment_peak(alone))
-    assert chain.solve(alone.with_budget(budget), config).plan is None
+    assert chain.solve(alone.with_budget(budget), config, planner=planner.PLANNER).plan is None
     r = chain.solve(p.with_budget(budget), config, chain=built)
     assert r.plan is not None and r.report is not None and r.report.fits and r.report.n_offloaded
 
@@ -196,7 +196,7 @@ def test_the_link_is_the_chain_levels_alone(deep_chain: chain.Chain) -> None:
 
 @pytest.fixture(scope="module")
 def deep_chain() -> chain.Chain:
-    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2))
+    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2), planner=planner.PLANNER)
     assert built is not None
     return built
 
@@ -302,8 +302,8 @@ def test_at_checkpointings_peak_offload_halves_what_recomputation_adds() -> None
     p, alone = deep(), deep_gpt()
     config = SolverConfig(time_limit=10.0, workers=2)
     peak = every_segment_peak(alone)
-    remat = chain.solve(alone.with_budget(peak), config).report
-    both = chain.solve(p.with_budget(peak), config).report
+    remat = chain.solve(alone.with_budget(peak), config, planner=planner.PLANNER).report
+    both = chain.solve(p.with_budget(peak), config, planner=planner.PLANNER).report
     assert remat is not None and both is not None and both.fits
     assert both.added_time < 0.5 * remat.added_time
 
@@ -312,7 +312,7 @@ def test_the_default_planner_takes_offloaded_checkpointing_where_it_fits() -> No
     p = deep()
     every = checkpoint_every(p).report
     assert every is not None
-    hosted = cpsat.hosted(p.with_budget(int(0.8 * every.peak)), SolverConfig(time_limit=10.0))
+    hosted = planner.hosted(p.with_budget(int(0.8 * every.peak)), SolverConfig(time_limit=10.0))
     first = hosted[0]
     assert first.solver == "checkpoint_every_1+offload" and first.plan is not None
     assert first.objective == pytest.approx(every.added_time)
@@ -328,14 +328,14 @@ def test_a_host_link_never_makes_the_flat_plan_dearer() -> None:
 
     model, inputs = make_llama("llama2-7b", n_layer=2)
     p = linked(trace(model, inputs, device="h100", dtype="bfloat16", target="eager").problem, 50e9)
-    assert len(p.candidates) < cpsat.CHAIN_MIN_CANDIDATES  # the flat search's own plan
+    assert len(p.candidates) < planner.CHAIN_MIN_CANDIDATES  # the flat search's own plan
     every = checkpoint_every(p).report
     assert every is not None
     budgeted = p.with_budget(every.peak)
     config = SolverConfig(time_limit=1.0, deterministic=True)
-    both = cpsat.solve(budgeted, config)
-    alone = cpsat.solve(linked(budgeted, 0.0),
-                        dataclasses.replace(config, time_limit=config.time_limit * cpsat.RECOMPUTE_FIRST_SHARE))
+    both = planner.solve(budgeted, config)
+    alone = planner.solve(linked(budgeted, 0.0),
+                        dataclasses.replace(config, time_limit=config.time_limit * planner.RECOMPUTE_FIRST_SHARE))
     assert both.plan is not None and check(budgeted, both.plan).fits
     assert both.objective <= alone.objective < 0.9 * every.added_time
 

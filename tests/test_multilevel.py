@@ -29,8 +29,8 @@ from solvers import (
     Status,
     chain,
     check,
-    cpsat,
     multilevel,
+    planner,
     save_all,
 )
 from solvers.baselines import checkpoint_every
@@ -165,9 +165,9 @@ def test_grouped_plans_reach_budgets_the_other_planners_do_not() -> None:
     problem = deep_gpt()
     budget = int(0.7 * every_segment_peak(problem))
     tight = problem.with_budget(budget)
-    assert all(r.plan is None for r in cpsat.checkpointing(tight, FAST))
-    assert chain.solve(tight, FAST).plan is None
-    result = cpsat.solve(tight, FAST)
+    assert all(r.plan is None for r in planner.checkpointing(tight, FAST))
+    assert chain.solve(tight, FAST, planner=planner.PLANNER).plan is None
+    result = planner.solve(tight, FAST)
     assert result.plan is not None and result.report is not None and result.report.peak <= budget
     assert result.plan.multilevel, "no value is recomputed twice"
 
@@ -203,7 +203,7 @@ def test_the_least_known_peak_counts_the_grouped_plans() -> None:
     least = multilevel.min_peak(problem)
     assert least.report is not None
     assert least.report.peak < 0.75 * every_segment_peak(problem)
-    found = cpsat.least_known_peaks(problem.with_budget(1), FAST)
+    found = planner.least_known_peaks(problem.with_budget(1), FAST)
     assert min(r.report.peak for r in found if r.report is not None) <= least.report.peak
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from solvers import InfeasibleBudgetError, Problem, SolverConfig, check, cpsat, multilevel
+from solvers import InfeasibleBudgetError, Problem, SolverConfig, check, multilevel, planner
 from solvers.baselines import checkpoint_every
 from solvers.bound import least_budget, lower_bound, pressing_steps, step_bound
 from solvers.floor import baseline
@@ -117,12 +117,12 @@ def test_pressing_steps_are_those_over_the_budget() -> None:
 def test_the_planner_reports_the_relaxation_as_its_bound_at_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chain route (problems of at least CHAIN_ONLY_CANDIDATES decisions) proves no
     bound of its own; it reports the relaxation's, below its plan."""
-    monkeypatch.setattr(cpsat, "CHAIN_ONLY_CANDIDATES", 1)
+    monkeypatch.setattr(planner, "CHAIN_ONLY_CANDIDATES", 1)
     p = deep_gpt()
     every = checkpoint_every(p).report
     assert every is not None
     q = p.with_budget(every.peak)
-    result = cpsat.solve(q, SolverConfig(time_limit=10.0, workers=2))
+    result = planner.solve(q, SolverConfig(time_limit=10.0, workers=2))
     assert result.plan is not None
     assert 0.0 < result.bound <= result.objective
     assert result.bound == pytest.approx(lower_bound(q).seconds, rel=REL)
@@ -141,14 +141,14 @@ def test_the_least_budget_can_be_the_least_peak() -> None:
 def test_an_unproven_least_budget_states_what_no_plan_fits_under(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the chain route, which proves no least peak, the error states the least found
     and the budget the relaxation shows no plan fits under."""
-    monkeypatch.setattr(cpsat, "CHAIN_ONLY_CANDIDATES", 1)
-    cpsat.forget_stated()
+    monkeypatch.setattr(planner, "CHAIN_ONLY_CANDIDATES", 1)
+    planner.forget_stated()
     p = deep_gpt()
     floor = max(baseline(p))
     with pytest.raises(InfeasibleBudgetError) as info:
-        cpsat.solve(p.with_budget(floor // 2), SolverConfig(time_limit=10.0, workers=2))
+        planner.solve(p.with_budget(floor // 2), SolverConfig(time_limit=10.0, workers=2))
     e = info.value
     assert not e.proven and e.min_feasible is not None and e.at_least is not None
     assert floor <= e.at_least < e.min_feasible
     assert f"no plan fits under {e.at_least} bytes ({e.at_least / 2**20:.2f} MiB)" in str(e)
-    cpsat.forget_stated()
+    planner.forget_stated()

@@ -10,5 +10,5 @@ order, and any value may be recomputed before any later step, as often as pays:
 * :mod:`~solvers.singlephase.bound`: a lower bound over every plan, for the gap.
 
 :mod:`solvers.cpsat` (two-phase problems) never imports this package; :mod:`solvers.planner`
-picks between the two.
+picks between the two. This package imports no other solver.
 """

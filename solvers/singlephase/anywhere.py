@@ -344,7 +344,7 @@ def prepare(problem: Problem, config: SolverConfig, *, copies: int = COPIES,
 def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.CpSolver,
            code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False,
            interrupted: bool = False) -> SolveResult:
-    """As :func:`solvers.cpsat.finish`: the checker's verdict on the best plan,
+    """As :func:`solvers.planner.finish`: the checker's verdict on the best plan,
     :class:`InfeasibleBudgetError` with the smallest feasible budget, or status UNKNOWN.
 
     The best plan is CP-SAT's or the local search's seed, whichever adds less time; unless
@@ -408,7 +408,7 @@ def finish(problem: Problem, config: SolverConfig, m: Model, solver: cp_model.Cp
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, copies: int = COPIES) -> SolveResult:
     """The cheapest recompute plan within ``problem.budget``, up to ``copies`` copies of a
-    value (see :func:`solvers.cpsat.solve` for the statuses and the infeasible case)."""
+    value (see :func:`solvers.planner.solve` for the statuses and the infeasible case)."""
     t0 = time.perf_counter()
     m, solver = prepare(problem, config, copies=copies)
     watch = Watch()
