@@ -265,10 +265,18 @@ def import_function(spec: str) -> Any:
     return fn
 
 
+def _shape_of(made: object) -> str:
+    """What a factory returned, for an error: its type, and a tuple's items."""
+    if isinstance(made, (tuple, list)):
+        items = ", ".join(type(x).__name__ for x in made[:4]) + (", ..." if len(made) > 4 else "")
+        return f"a {type(made).__name__} of {len(made)} ({items})"
+    return type(made).__name__
+
+
 def as_example(spec: str, made: object) -> tuple[nn.Module, tuple[Any, ...]]:
     """What a factory returned, checked to be ``(model, example_inputs)``."""
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
-        raise TraceError(f"{spec}() must return (model, example_inputs), got {type(made).__name__}")
+        raise TraceError(f"{spec}() must return (model, example_inputs), got {_shape_of(made)}")
     inputs = made[1]
     return made[0], tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 

@@ -55,3 +55,12 @@ def test_a_graph_break_is_refused_in_one_line_naming_it() -> None:
     assert "\n" not in message
     assert "breaks into several graphs" in message and "graph_break" in message
     assert "test_trace.py" in message  # where: the user's line
+
+
+def test_a_factory_returning_the_wrong_tuple_is_told_what_it_returned() -> None:
+    """It said "got tuple" for a tuple of three, which reads as the right type."""
+    from rematc.trace import TraceError, as_example
+
+    with pytest.raises(TraceError, match=r"must return \(model, example_inputs\), got a tuple of 3 "
+                                         r"\(Linear, tuple, int\)$"):
+        as_example("m:f", (torch.nn.Linear(2, 2), (torch.ones(1, 2),), 3))
