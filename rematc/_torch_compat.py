@@ -66,6 +66,7 @@ __all__ = [
     "StorageWeakRef",
     "TracingContext",
     "aot_autograd",
+    "boxed_codegen",
     "classify_nodes",
     "detect_fake_mode",
     "extract_fwd_bwd_modules",
@@ -260,6 +261,15 @@ def warn_fallback(what: str) -> None:
 
 
 # ---- Inductor internals read while a compile runs (imported at first use) ----------------
+
+
+def boxed_codegen() -> Any:
+    """FX's code generator for the boxed calling convention: the generated ``forward``
+    takes the argument list and clears it once unpacked (``torch.fx.graph._BoxedCodeGen``,
+    as AOTAutograd's boxed graphs use)."""
+    from torch.fx.graph import _BoxedCodeGen
+
+    return _BoxedCodeGen()
 
 
 def inductor_compile_fx() -> tuple[Callable[..., Any], Callable[..., Any]]:
