@@ -50,6 +50,7 @@ from rematc.errors import NoPlanError, SolverError
 from rematc.generated import CodePeak
 from rematc.options import Options
 from rematc.reuse import Room, room_of
+from rematc.status import naming, planning
 from solvers import (
     Decision,
     InfeasibleBudgetError,
@@ -581,26 +582,27 @@ class RematPartitioner(CustomPartitionerFn):
         bounds = bound_dynamic_sizes(joint) if budget is not None else ()
         problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - scratch))
         after = 0
-        try:
-            if budget is None and own is not None:
-                # No budget: the model's own checkpointing is honoured as it is.
-                honoured = _fitting(problem, own, "checkpointing")
-                assert honoured is not None  # no budget: every plan fits
-                planned = Planned(honoured, cached=False)
-            else:
-                reserve = self.share.reserve_after(graph) if budget is not None else 0
-                after = self.share.gradients_after(graph) if budget is not None else 0
-                if after and problem.budget is not None:
-                    # The later graphs' gradients are alive while this backward runs.
-                    problem = problem.with_budget(max(0, problem.budget - after))
-                if (calls > 1 or reserve) and problem.budget is not None:
-                    planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
-                                                           grads=grads)
+        with naming(graph_name(graph)):  # for the status line of a long plan
+            try:
+                if budget is None and own is not None:
+                    # No budget: the model's own checkpointing is honoured as it is.
+                    honoured = _fitting(problem, own, "checkpointing")
+                    assert honoured is not None  # no budget: every plan fits
+                    planned = Planned(honoured, cached=False)
                 else:
-                    planned = plan_for(problem, self.options, known=own)
-        except InfeasibleBudgetError as e:
-            planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget,
-                                          after=after + scratch)
+                    reserve = self.share.reserve_after(graph) if budget is not None else 0
+                    after = self.share.gradients_after(graph) if budget is not None else 0
+                    if after and problem.budget is not None:
+                        # The later graphs' gradients are alive while this backward runs.
+                        problem = problem.with_budget(max(0, problem.budget - after))
+                    if (calls > 1 or reserve) and problem.budget is not None:
+                        planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
+                                                               grads=grads)
+                    else:
+                        planned = plan_for(problem, self.options, known=own)
+            except InfeasibleBudgetError as e:
+                planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget,
+                                              after=after + scratch)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
@@ -804,10 +806,12 @@ def _free_may_fit(problem: Problem) -> bool:
 
 def _searching(search: Callable[[Problem, SolverConfig], SolveResult], problem: Problem,
                options: Options) -> SolveResult:
-    """``search(problem, options.solver)``; an exception other than an infeasible budget
-    (an answer) comes out as :class:`SolverError`."""
+    """``search(problem, options.solver)``, with a status line while it runs long
+    (:mod:`rematc.status`); an exception other than an infeasible budget (an answer) comes
+    out as :class:`SolverError`."""
     try:
-        return search(problem, options.solver)
+        with planning(len(problem.candidates), options.solver.time_limit):
+            return search(problem, options.solver)
     except InfeasibleBudgetError:
         raise
     except Exception as e:

@@ -27,7 +27,7 @@ from solvers.hostcopy import offload_hidden
 from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, Planner, SolverConfig, SolveResult, Status
-from solvers.sat import Watch, rest, search
+from solvers.sat import Watch, objective_seconds, rest, search
 from solvers.singlephase import anywhere
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     if known is not None:
         return known
     model, solver = _prepare(problem, config)
-    watch = Watch()
+    watch = Watch(seconds=lambda objective: objective_seconds(model.tie_break, problem, objective))
     code = search(solver, model.cp, config, watch, seeded=model.seed is not None)
     return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
 

@@ -7,7 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
@@ -75,21 +75,52 @@ def make_peak_solver(config: SolverConfig) -> cp_model.CpSolver:
     return make_solver(replace(config, relative_gap=0.0))
 
 
+@dataclass(frozen=True)
+class Incumbent:
+    """A better plan a search found, as a status line shows it (:func:`latest`)."""
+
+    added: float | None  # seconds the plan adds; None where its search did not say how to read it
+    bound: float | None  # seconds no plan adds less than, the same
+    gap: float  # (objective - bound) / objective
+    at: float  # time.perf_counter() when it was found
+
+
+_LATEST: list[Incumbent] = []  # the last one of this process, under _LATEST_LOCK
+_LATEST_LOCK = threading.Lock()
+
+
+def latest(*, since: float = -math.inf) -> Incumbent | None:
+    """The last better plan any search of this process found, if at or after ``since``
+    (a ``time.perf_counter()`` reading)."""
+    with _LATEST_LOCK:
+        found = _LATEST[-1] if _LATEST else None
+    return found if found is not None and found.at >= since else None
+
+
 class Watch(cp_model.CpSolverSolutionCallback):
     """Counts the incumbents of a search and when the last one was found (CP-SAT calls
-    this from its worker threads once per better plan)."""
+    this from its worker threads once per better plan), and publishes each to
+    :func:`latest`, its objective read as seconds by ``seconds`` where given."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: Callable[[float], float] | None = None) -> None:
         super().__init__()
         self.lock = threading.Lock()
         self.solutions = 0
         self.last_found = time.perf_counter()
         self.stalled = False  # stopped by ``stall_time``, set by :func:`search`
+        self.seconds = seconds
 
     def on_solution_callback(self) -> None:
+        now = time.perf_counter()
         with self.lock:
             self.solutions += 1
-            self.last_found = time.perf_counter()
+            self.last_found = now
+        objective, bound = self.ObjectiveValue(), self.BestObjectiveBound()
+        found = Incumbent(added=self.seconds(objective) if self.seconds else None,
+                          bound=self.seconds(bound) if self.seconds else None,
+                          gap=abs(objective - bound) / max(abs(objective), 1e-9), at=now)
+        with _LATEST_LOCK:
+            _LATEST[:] = [found]
 
 
 def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig,
