@@ -211,12 +211,13 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
 
 def _graph_break(e: BaseException) -> str | None:
     """Where and why Dynamo broke the graph, from its error under ``fullgraph=True``;
-    None for another error."""
+    None for another error. Where: the innermost frame of its user stack, the line that
+    breaks (the outermost is the model's own forward calling the module that breaks)."""
     if not isinstance(e, DynamoUnsupported):
         return None
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     why = lines[0] if lines else type(e).__name__
-    where = next((line for line in lines if line.startswith("File ")), "")
+    where = next((line for line in reversed(lines) if line.startswith("File ")), "")
     return f"{why}{', at ' + where if where else ''}"[:300]
 
 
