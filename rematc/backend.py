@@ -22,7 +22,13 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 
-from rematc._torch_compat import TORCH, aot_autograd, boxed_codegen, functorch_config, inductor_compile_fx
+from rematc._torch_compat import (
+    TORCH,
+    aot_autograd,
+    boxed_codegen,
+    functorch_config,
+    inductor_compile_fx,
+)
 from rematc.calls import Figures, InFlight, watching
 from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import checking_donations
@@ -359,10 +365,13 @@ def compile(
                              f"this model's parameters are on {where}: give the budget in bytes ('2GiB') "
                              f"or as a fraction ('40%')")
     if opts.budget is not None and isinstance(model, torch.nn.Module) and _sharded(model):
+        # FSDP2 gathers each module's parameters outside the compiled graphs while they run.
+        outside = fsdp_reserve(model)
+        opts = dataclasses.replace(opts, reserve=opts.reserve + outside)
         warnings.warn(
-            "rematc: the model is sharded with FSDP2, which gathers each module's parameters "
-            "outside the compiled graphs while it runs: the budget does not count those buffers, "
-            "so the step's peak may exceed it by one module's gathered parameters and gradients",
+            f"rematc: the model is sharded with FSDP2, which gathers parameters outside the compiled "
+            f"graphs: {outside} B of the budget are kept for them and the unsharded gradients, an "
+            f"estimate that leaves the collectives' own buffers out; measure the step's peak",
             BudgetWarning, stacklevel=2)
     if regions:
         if fullgraph:
@@ -383,6 +392,29 @@ def compile(
         assert isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module)
         _survey_first_call(compiled, model, backend)
     return cast(Callable[..., Any], compiled)
+
+
+def fsdp_reserve(model: torch.nn.Module) -> int:
+    """Bytes FSDP2 holds outside the compiled graphs of ``model`` at any point of a step,
+    at most: the root's own parameters gathered (FSDP2 keeps them through the backward),
+    two other sharded modules' gathered parameters (the one running and the one prefetched
+    beside it) and one module's unsharded gradients before its reduce-scatter. 0 for a
+    model not sharded with ``fully_shard``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not sharded:
+        return 0
+    nested = {m: {id(p) for sub in m.modules() if sub is not m and isinstance(sub, FSDPModule)
+                  for p in sub.parameters()} for m in sharded}
+
+    def gathered(m: torch.nn.Module) -> int:  # its own parameters, unsharded (a DTensor's numel is global)
+        return sum(p.numel() * p.element_size() for p in m.parameters() if id(p) not in nested[m])
+
+    root = sharded[0] if sharded[0] is model else None
+    others = sorted((gathered(m) for m in sharded if m is not root), reverse=True)
+    largest = others[0] if others else 0
+    return (gathered(root) if root is not None else 0) + sum(others[:2]) + largest
 
 
 def _sharded(model: torch.nn.Module) -> bool:

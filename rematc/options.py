@@ -71,6 +71,11 @@ class Options:
     # until the backward. The plan leaves room for all of them (docs/reliability.md,
     # "Blocks compiled on their own").
     calls: int = 1
+    # Bytes the step keeps free for memory allocated outside the compiled graphs while they
+    # run, taken off every graph's budget and added to its prediction: FSDP2's gathered
+    # parameters and unsharded gradients (rematc.compile sets it for a sharded model,
+    # rematc.backend.fsdp_reserve), or what a user knows lies outside.
+    reserve: int = 0
 
     def __post_init__(self) -> None:
         from rematc.wholestep import OPTIMIZERS
@@ -97,6 +102,9 @@ class Options:
         if isinstance(self.calls, bool) or not isinstance(self.calls, int) or self.calls < 1:
             raise ValueError(f"option 'calls' must be a positive int (how many times each compiled "
                              f"forward runs before its backward in one step), got {self.calls!r}")
+        if isinstance(self.reserve, bool) or not isinstance(self.reserve, int) or self.reserve < 0:
+            raise ValueError(f"option 'reserve' must be a non-negative int of bytes (memory outside the "
+                             f"compiled graphs), got {self.reserve!r}")
         if not isinstance(self.verify, bool):
             raise ValueError(f"option 'verify' must be True or False, got {self.verify!r}")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
@@ -116,7 +124,7 @@ class Options:
 
         Keys: budget (bytes, a fraction, or "auto": docs/fit.md), optimizer (for "auto"),
         compiler, device, host_bandwidth, verify, cache_dir, calls (forwards in flight per
-        step), and the solver's time_limit
+        step), reserve (bytes outside the compiled graphs), and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at), step_gap
         (stop once provably within this fraction of the step's time of the best plan),
         stall_time (stop once no better plan has been found for this many seconds; 0 never)

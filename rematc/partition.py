@@ -84,9 +84,9 @@ class PartitionRecord:
     joint_nodes: int  # FX nodes in the joint graph handed to us
     values: int  # storages in the problem
     candidates: int  # forward values that needed a decision
-    budget: int | None  # bytes: what this graph's plan holds to, with Captured.scratch
+    budget: int | None  # bytes: what this graph's plan holds to, with ``aside``
     unconstrained_peak: int  # bytes: the checker's peak when everything is saved
-    predicted_peak: int  # bytes: the checker's peak of the chosen plan, and Captured.scratch
+    predicted_peak: int  # bytes: the checker's peak of the chosen plan, and ``aside``
     added_time: float  # seconds of recomputation, by the device model
     added_flops: float
     status: str  # the solver's status
@@ -127,9 +127,10 @@ class PartitionRecord:
     # code of an earlier plan of this graph peaked above the budget by that much.
     squeezed: int = 0
     budget_origin: str = ""  # how an "auto" budget was derived (Options.budget_origin)
-    # Bytes kept for the scratch an op allocates where no value holds it (Captured.scratch):
-    # in ``budget``, ``predicted_peak`` and ``generated_peak``.
-    scratch: int = 0
+    # Bytes kept free beside the plan: for the scratch an op allocates where no value holds
+    # it (Captured.scratch) and for memory outside the graphs (Options.reserve); in
+    # ``budget``, ``predicted_peak``, ``unconstrained_peak`` and ``generated_peak``.
+    aside: int = 0
     # Forwards of this graph the plan leaves room for in one step (Options.calls), and the
     # step's budget in bytes that they and the earlier graphs share (None without one).
     calls: int = 1
@@ -406,8 +407,8 @@ class RematPartitioner(CustomPartitionerFn):
     def generated(self, peak: CodePeak) -> None:
         """Note on the last plan's record the peak of the code Inductor generated for it
         (``rematc.generated``)."""
-        scratch = self.record.scratch if self.record is not None else 0
-        new = self._amend(generated_peak=peak.peak + scratch, generated_at=peak.where,
+        aside = self.record.aside if self.record is not None else 0
+        new = self._amend(generated_peak=peak.peak + aside, generated_at=peak.where,
                           generated_alive=peak.alive)
         if new is not None:
             log.info("rematc: the generated code peaks at %d B (predicted %d B, budget %s B) at %s",
@@ -565,22 +566,23 @@ class RematPartitioner(CustomPartitionerFn):
             self._graph = (self.share.graph(),)
         graph = self._graph[0]
         budget, held, calls = None, 0, self.options.calls
-        # The room kept for scratch no value holds (Captured.scratch) is off the budget,
-        # like the later graphs' gradients (``after``), and on the prediction.
-        scratch = captured.scratch
+        # The room kept for scratch no value holds (Captured.scratch) and for memory
+        # outside the graphs (Options.reserve) is off the budget, like the later graphs'
+        # gradients (``after``), and on the prediction.
+        aside = captured.scratch + self.options.reserve
         grads = parameter_gradients(joint, num_fwd_outputs, static)
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:
             # With several calls in flight, a fraction is of the step's unconstrained peak:
             # every call's saved values and the last call's own peak.
-            whole = unconstrained.peak + scratch + (calls - 1) * holds_after_forward(captured.problem, unconstrained)
+            whole = unconstrained.peak + aside + (calls - 1) * holds_after_forward(captured.problem, unconstrained)
             budget = max(0, self.options.budget.resolve(whole) - self.squeeze)
             if self.options.budget.nbytes is not None:
                 held = self.share.held_before(graph)
         # Saving everything is right at every shape; a plan under a budget is bounded.
         bounds = bound_dynamic_sizes(joint) if budget is not None else ()
-        problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - scratch))
+        problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - aside))
         after = 0
         with naming(graph_name(graph)):  # for the status line of a long plan
             try:
@@ -602,7 +604,7 @@ class RematPartitioner(CustomPartitionerFn):
                         planned = plan_for(problem, self.options, known=own)
             except InfeasibleBudgetError as e:
                 planned, problem = self.least(captured.problem, e, graph=graph, held=held, asked=budget,
-                                              after=after + scratch)
+                                              after=after + aside)
         result = planned.result
         assert result.plan is not None
         report = check(problem, result.plan)
@@ -627,9 +629,9 @@ class RematPartitioner(CustomPartitionerFn):
         record = PartitionRecord(
             joint_nodes=len(joint.graph.nodes), values=len(problem.nodes),
             candidates=len(problem.candidates),
-            budget=None if problem.budget is None else problem.budget + scratch,
+            budget=None if problem.budget is None else problem.budget + aside,
             budget_origin=self.options.budget_origin,
-            unconstrained_peak=unconstrained.peak + scratch, predicted_peak=report.peak + scratch,
+            unconstrained_peak=unconstrained.peak + aside, predicted_peak=report.peak + aside,
             added_time=report.added_time, added_flops=report.added_flops,
             status=result.status.value, gap=result.gap, solve_time=result.wall_time,
             partition_time=time.perf_counter() - t0, saved=emitted.saved,
@@ -637,7 +639,7 @@ class RematPartitioner(CustomPartitionerFn):
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze,
-            checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, scratch=scratch,
+            checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
         )
         _RECORDS.append(record)
         self.record = record

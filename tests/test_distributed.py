@@ -70,12 +70,15 @@ def test_ddp_and_fsdp2_losses_match_without_rematc(tmp_path: pathlib.Path) -> No
             # Training moves the loss: the comparison is over steps that differ.
             assert ours["losses"][0] != ours["losses"][-1]
         # torchtitan's recipe (each block and the root fully_shard, each block compiled)
-        # and the same model compiled regionally: losses equal. Not the budget: the
-        # recipe compiles the blocks alone (the embedding, the head and the loss are no
-        # plan's), and FSDP2 gathers parameters outside every graph, which rematc.compile
-        # says (measured here: regionally 318,152 B against a budget of 287,238 B).
+        # and the same model compiled regionally: losses equal. The recipe compiles the
+        # blocks alone, so the embedding, the head and the loss are no plan's. Regionally
+        # rematc.compile keeps room for what FSDP2 gathers outside the graphs, and warns
+        # that it is an estimate: the budget is not held on every rank here (gloo's own
+        # buffers; docs/reliability.md, "Distributed").
         reference = results["blocks/reference"]
         for route in ("blocks", "regions"):
             ours = results[f"blocks/{route}"]
             assert ours["losses"] == pytest.approx(reference["losses"], rel=1e-5, abs=1e-6), route
-        assert results["blocks/regions"]["warned"], "FSDP2's gathered parameters are not said to be outside"
+        regions = results["blocks/regions"]
+        assert regions["warned"], "the FSDP2 estimate is not said"
+        assert regions["budget"] < reference["peak"], "the budget does not bind"
