@@ -411,3 +411,24 @@ def test_a_bf16_loss_gradient_stores_no_fp32_logits_inductor() -> None:
     assert record.budget is not None and record.predicted_peak <= record.budget
     assert peak <= record.predicted_peak + SMALL_BUFFERS, (
         f"measured {peak} B, predicted {record.predicted_peak} B, budget {record.budget} B")
+
+
+def test_the_room_reserved_outside_the_graphs_is_off_the_budget_and_on_the_prediction() -> None:
+    """Option ``reserve``: bytes the step keeps free for memory outside the compiled graphs
+    (FSDP2's gathered parameters): the plan fits the budget less them, and the prediction
+    counts them."""
+    model, inputs = make_gpt(CONFIG, batch=BATCH, seed=0)
+    compiled = rematc.compile(model, budget=0.8, compiler="eager", cache_dir=None)
+    peak_without = measured_step_peak(compiled, model, inputs)
+    budget = rematc.records()[-1].budget
+    reserve = budget // 10
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="rematc", options={
+        "budget": budget, "reserve": reserve, "compiler": "eager", "cache_dir": None})
+    peak = measured_step_peak(compiled, model, inputs)
+    record = rematc.records()[-1]
+    assert record.aside == reserve and record.budget == budget
+    assert peak + reserve <= record.predicted_peak <= budget
+    assert peak < peak_without
+    with pytest.raises(ValueError, match="option 'reserve' must be a non-negative int"):
+        rematc.Options.from_mapping({"reserve": -1})
