@@ -25,6 +25,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._dynamo.exc import Unsupported as DynamoUnsupported
 from torch._functorch import partitioners as _partitioners
+from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.compile_utils import fx_graph_cse, raise_getitems
 from torch._functorch.partitioners import (
@@ -91,6 +92,7 @@ __all__ = [
     "inductor_scheduler_types",
     "inductor_thresholds",
     "inductor_virtualized",
+    "inputs_updated_after",
     "is_bwd_seed_offset",
     "is_expandable_to",
     "is_fwd_seed_offset",
@@ -284,6 +286,16 @@ def inductor_partition_fn() -> Callable[..., Any]:
     from torch._inductor.compile_fx import partition_fn
 
     return partition_fn
+
+
+def inputs_updated_after(graph: fx.Graph) -> list[fx.Node]:
+    """The inputs of an AOTAutograd joint graph whose in-place update its runtime applies
+    after the graph (an input that requires grad): the graph returns the new value, named
+    by an ``InputMutationAOTOutput`` among its output's descriptors. [] where the graph
+    carries none (not AOTAutograd's)."""
+    descs = graph.output_node().meta.get("desc") or ()
+    mutated = [d.mutated_input for d in descs if isinstance(d, InputMutationAOTOutput)]
+    return [n for n in graph.find_nodes(op="placeholder") if n.meta.get("desc") in mutated]
 
 
 @contextlib.contextmanager

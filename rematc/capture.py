@@ -44,6 +44,7 @@ from rematc._torch_compat import (
     functorch_config,
     inductor_graph_lowering,
     inductor_thresholds,
+    inputs_updated_after,
     is_bwd_seed_offset,
     is_expandable_to,
     is_fwd_seed_offset,
@@ -1084,12 +1085,16 @@ def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],
     a view of it: save-only.
 
     AOTAutograd keeps a forward input mutation in the joint graph as a ``copy_`` into the
-    input (or applies it in its epilogue), so by the time the backward runs the input holds
-    its new value. A recomputation reading it would compute from that new value, not the
-    one the forward read, and give a wrong gradient without an error."""
+    input, or applies it after the graph (an input that requires grad:
+    :func:`inputs_updated_after`), so by the time the backward runs the input holds its
+    new value. A recomputation reading it would compute from that new value, not the one
+    the forward read: a wrong gradient without an error, or autograd's error that a saved
+    tensor was modified in place (the input, saved to recompute from)."""
     mutated = {costs[n.args[0]].owner for n in nodes
                if n in forward and _mutates(n) and n.args and isinstance(n.args[0], fx.Node)
                and n.args[0] in costs}
+    if nodes:
+        mutated |= {costs[n].owner for n in inputs_updated_after(nodes[0].graph) if n in costs}
     mutated &= {n.name for n in nodes if n.op == "placeholder"}
     if not mutated:
         return frozenset()

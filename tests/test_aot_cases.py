@@ -160,6 +160,38 @@ def test_input_updated_in_place_is_never_read_by_a_recomputation(compiler: str) 
         torch._dynamo.reset()
 
 
+def test_input_that_requires_grad_updated_in_place_is_never_read_by_a_recomputation() -> None:
+    """AOTAutograd applies the update of an input that requires grad after the graph, not
+    as a ``copy_`` in it. At the smallest budget the backward recomputed autograd's copy of
+    the old value (for ``mul_``'s gradient) from the input, so saved the input, which the
+    update then changed: autograd raised that a saved tensor was modified in place. Found
+    by bench/fuzz.py, the input an output of the graph before a break. The eager route
+    only: PyTorch's own aot_eager and Inductor save the input there too and raise."""
+    torch.manual_seed(0)
+    head = nn.Linear(16, 16)
+
+    def f(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h.mul_(w)
+        return head(h)
+
+    def step(fn: Callable[..., torch.Tensor]) -> list[torch.Tensor | None]:
+        gen = torch.Generator().manual_seed(0)
+        x, w = (torch.randn(8, 16, generator=gen, requires_grad=True) for _ in range(2))
+        head.zero_grad(set_to_none=True)
+        fn(x * 1.5, w).square().sum().backward()  # x * 1.5: an input that requires grad
+        return [x.grad, w.grad, head.weight.grad]
+
+    expected = step(f)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as failed:
+        step(rematc.compile(f, budget=Budget(nbytes=1), compiler="eager"))
+    smallest = infeasible_cause(failed.value)
+    assert smallest is not None and smallest.min_feasible is not None
+    torch._dynamo.reset()
+    got = step(rematc.compile(f, budget=Budget(nbytes=smallest.min_feasible), compiler="eager"))
+    assert "clone" in rematc.records()[-1].saved  # the old value, copied before the update
+    torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("compiler", ["eager", pytest.param("inductor", marks=pytest.mark.inductor)])
 @pytest.mark.parametrize("budget", [None, Budget(nbytes=1)])
 def test_gradient_passed_through_unchanged(compiler: str, budget: Budget | None) -> None:
