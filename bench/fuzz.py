@@ -5,20 +5,24 @@ A case is a seeded, picklable description (:class:`Case`): a straight-line forwa
 numbered values ``v0, v1, ...`` built from matmuls (``nn.Linear``), pointwise ops,
 reductions, views, in-place updates of activations and of inputs, dropout, ``detach``,
 BatchNorm, graph breaks, several outputs (an ``int`` among them) and an input that
-requires grad passed through as ``y + v``. :func:`build` turns it into an ``nn.Module``
-and its inputs by writing that forward's source (the report prints it). :func:`run_case`
-runs one step eagerly, then compiles fresh copies under rematc, first without a budget
-and then at the case's budgets (a fraction; bytes, a share of the unconstrained peak;
-the smallest feasible budget that ``budget=1``'s InfeasibleBudgetError states), and
-returns what differs: outputs, every gradient, mutated inputs, BatchNorm buffers, errors,
-and on the eager route the measured peak against a byte budget. A difference the same
-route without rematc's partitioner shows as well is reported as "torch" and not counted
-(a dropout mask drawn in another order when an unused dropout is dead code).
+requires grad passed through as ``y + v``; its forward may run under CPU bfloat16
+autocast. :func:`build` turns it into an ``nn.Module`` and its inputs by writing that
+forward's source (the report prints it). :func:`run_case` runs one step eagerly, then
+compiles fresh copies under rematc, first without a budget and then at the case's budgets
+(a fraction; bytes, a share of the unconstrained peak; the smallest feasible budget that
+``budget=1``'s InfeasibleBudgetError states), and returns what differs: outputs, every
+gradient, mutated inputs, BatchNorm buffers, errors, and the measured peak of a one-graph
+step against every budget rematc took (on the eager route not a byte over). A difference
+the same route without rematc's partitioner shows as well is reported as "torch" and not
+counted (a dropout mask drawn in another order when an unused dropout is dead code). A
+case may also trace its step for ``rematc export`` (:func:`export_findings`), for both
+targets: the whole step, or a one-line refusal naming a graph break.
 
 Hypothesis drives :func:`describe` in ``tests/test_fuzz.py`` (a failing case shrinks);
 here a seeded ``random.Random`` does, and a failing case is shrunk greedily::
 
-    python bench/fuzz.py --cases 200 --seed 0 --inductor-share 0.1
+    python bench/fuzz.py --cases 200 --seed 0 --inductor-share 0.1 --autocast-share 0.3 \
+        --export-share 0.2
     python -m bench.fuzz --replay '<a case's JSON, as a report prints it>'
 """
 
@@ -36,6 +40,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,17 +61,31 @@ import rematc
 from rematc.backend import _boxed_eager
 from rematc.memory import profiler_peak
 from rematc.partition import forget_plans_in_hand
+from rematc.trace import SHAPES_KEY, TraceError, trace
+from solvers import PlanError, check
+from solvers.baselines import save_all
 from solvers.budget import Budget
 from tests.helpers import infeasible_cause
 
-# Measured peak may exceed a byte budget by at most this fraction (as
-# tests/test_measured_peak.py): allocator events the model does not see.
-PEAK_TOLERANCE = 0.05
+# Measured peak over a budget rematc took, as tests/test_measured_peak.py: on the eager
+# route none (it runs exactly the FX graphs the model describes); under Inductor at most
+# this fraction, for what the model does not see (a kernel's workspace).
+INDUCTOR_PEAK_TOLERANCE = 0.05
 # The eager route runs the ops eager runs, decomposed by AOTAutograd; Inductor fuses and
 # reorders floating-point sums. A planning bug is off by far more (the first layer's
 # weight gradient 50% off when a recomputation read an updated input).
 EAGER_RTOL, EAGER_ATOL = 1e-4, 1e-5
 INDUCTOR_RTOL, INDUCTOR_ATOL = 1e-3, 1e-4
+# Under bf16 autocast eager and the compiled step both round to bfloat16 (8 bits of
+# mantissa: neighbours 2**-8 to 2**-7 apart), where Inductor's fused kernels compute in
+# float32 and round once, so a value may land one neighbour off, and a matmul that sums it
+# with others of the opposite sign passes that on at the size of the terms, not of their
+# sum. So the absolute tolerance is a share of the tensor's largest magnitude; values are
+# compared in float32. Measured on 104 autocast cases without a budget: the eager route
+# bitwise equal but for one ulp in a graph break's gradient (0.8% of the largest), Inductor
+# up to 0.73% of the largest (one ulp of a weight gradient's largest entries); 2**-5 (3.1%)
+# is four times that, and a planning bug is off by far more (50% above).
+BF16_RTOL, BF16_ATOL = 2**-5, 2**-5  # ATOL: times the expected tensor's largest magnitude
 # Seconds CP-SAT may search one graph of a case: their problems have tens of nodes.
 SOLVER_TIME_LIMIT = 10.0
 # Candidate cases a greedy shrink of one failure may run, each a few compiles.
@@ -109,6 +128,11 @@ class Case:
     int_output: bool  # an ``int`` among the outputs
     asks: tuple[Ask, ...]  # budgets after the no-budget compile
     compiler: str  # "eager" or "inductor"
+    # The forward (eager's and every compiled one's) under CPU bfloat16 autocast; the
+    # backward outside it, as a training loop runs it. False in older reports' JSON.
+    autocast: bool = False
+    # Also trace the step for ``rematc export``, for both targets (:func:`export_findings`).
+    export: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -186,13 +210,16 @@ KINDS = ("linear", "pointwise", "binary", "linear", "pointwise", "reduce", "view
          "inplace", "dropout", "detach", "batchnorm", "graph_break")
 ASK_KINDS = ("bytes", "fraction", "min")
 COMPILERS = ("eager", "inductor")
+EXPORT_TARGETS = ("inductor", "eager")  # rematc export --target
 
 Draw = Callable[[int, int], int]  # an integer in [lo, hi], both included
 
 
-def describe(draw: Draw, *, max_ops: int = 8, compiler: str = "eager") -> Case:
+def describe(draw: Draw, *, max_ops: int = 8, compiler: str = "eager", autocast: bool = False,
+             export: bool = False) -> Case:
     """A case from ``draw``'s integers (Hypothesis's or a seeded ``random.Random``'s):
-    smaller integers give a smaller, plainer case."""
+    smaller integers give a smaller, plainer case. The route, autocast and the export
+    check are the caller's (drawn by share)."""
     seed, batch, width = draw(0, 2**16), 8 * draw(1, 4), 16 * draw(1, 4)
     ops = tuple(Op(KINDS[draw(0, len(KINDS) - 1)], draw(0, 63), draw(0, 63), draw(0, 7))
                 for _ in range(draw(1, max_ops)))
@@ -204,7 +231,8 @@ def describe(draw: Draw, *, max_ops: int = 8, compiler: str = "eager") -> Case:
                  for _ in range(draw(0, 2)))
     return Case(seed=seed, batch=batch, width=width, ops=ops, second_input=second_input,
                 x_grad=x_grad, passthrough=passthrough, outputs=outputs,
-                int_output=int_output, asks=asks, compiler=compiler)
+                int_output=int_output, asks=asks, compiler=compiler, autocast=autocast,
+                export=export)
 
 
 class Source(NamedTuple):
@@ -269,11 +297,16 @@ def forward_source(case: Case) -> Source:
     return Source("\n".join(lines) + "\n", modules, inputs)
 
 
+def source_filename(source: Source) -> str:
+    """The file name the forward of ``source`` is compiled under: tracebacks and Dynamo's
+    messages name its lines there."""
+    return f"<fuzz {hashlib.sha1(source.text.encode()).hexdigest()[:12]}>"
+
+
 def build(case: Case) -> tuple[nn.Module, tuple[Tensor, ...]]:
     """The model of ``case`` (weights from its seed) and its inputs."""
     source = forward_source(case)
-    digest = hashlib.sha1(source.text.encode()).hexdigest()[:12]
-    filename = f"<fuzz {digest}>"
+    filename = source_filename(source)
     # Registered so tracebacks and Dynamo's messages show the generated lines.
     linecache.cache[filename] = (len(source.text), None, source.text.splitlines(True), filename)
     namespace: dict[str, Any] = {"torch": torch, "F": F}
@@ -311,9 +344,12 @@ class Step(NamedTuple):
     state: dict[str, Tensor]
 
 
-def backward_step(fn: Callable[..., Any], inputs: Sequence[Tensor], seeds: Sequence[Tensor]) -> Any:
-    """The forward, then the backward from every output that requires grad."""
-    outs = fn(*inputs)
+def backward_step(fn: Callable[..., Any], inputs: Sequence[Tensor], seeds: Sequence[Tensor], *,
+                  autocast: bool) -> Any:
+    """The forward (under CPU bf16 autocast if ``autocast``), then the backward from every
+    output that requires grad."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        outs = fn(*inputs)
     pairs = [(o, g) for o, g in zip(outs, seeds, strict=False)
              if isinstance(o, Tensor) and o.requires_grad]
     if pairs:
@@ -326,7 +362,7 @@ def run_step(case: Case, model: nn.Module, fn: Callable[..., Any],
     """One step of ``fn`` (the model, or a compiled copy) from the case's seed."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(case.seed)
-    outs = backward_step(fn, inputs, gradient_seeds(case))
+    outs = backward_step(fn, inputs, gradient_seeds(case), autocast=case.autocast)
     outputs: dict[str, object] = {
         f"output {k}": o.detach().clone() if isinstance(o, Tensor) else o for k, o in enumerate(outs)}
     outputs.update({f"output {k} requires grad": o.requires_grad
@@ -349,8 +385,15 @@ class Finding(NamedTuple):
     detail: str
 
 
-def differences(expected: Step, got: Step, *, rtol: float, atol: float) -> list[str]:
-    """Every entry of ``got`` that is not ``expected``'s, with by how much."""
+class Tolerance(NamedTuple):
+    rtol: float
+    atol: float
+    scaled: bool = False  # atol is a share of the expected tensor's largest magnitude
+
+
+def differences(expected: Step, got: Step, *, rtol: float, atol: float, scaled: bool = False) -> list[str]:
+    """Every entry of ``got`` that is not ``expected``'s, with by how much; with ``scaled``,
+    ``atol`` is a share of the largest magnitude of the expected tensor."""
     out: list[str] = []
     for part in ("outputs", "grads", "state"):
         want: dict[str, Any] = getattr(expected, part)
@@ -365,13 +408,16 @@ def differences(expected: Step, got: Step, *, rtol: float, atol: float) -> list[
             elif not isinstance(e, Tensor) or not isinstance(g, Tensor):
                 if e != g:
                     out.append(f"{name}: {g!r} instead of {e!r}")
-            elif e.shape != g.shape:
-                out.append(f"{name}: shape {tuple(g.shape)} instead of {tuple(e.shape)}")
-            elif not torch.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
-                diff = (g - e).abs()
-                rel = (diff.norm() / e.norm().clamp_min(1e-12)).item()
-                out.append(f"{name}: max abs diff {diff.max().item():.3g}, "
-                           f"relative (by norm) {rel:.3g}")
+            elif e.shape != g.shape or e.dtype != g.dtype:
+                out.append(f"{name}: {g.dtype} {tuple(g.shape)} instead of {e.dtype} {tuple(e.shape)}")
+            else:
+                g, e = g.float(), e.float()  # bfloat16 values compared in float32
+                scale = e.abs().max().item() if scaled and e.numel() else 1.0
+                if not torch.allclose(g, e, rtol=rtol, atol=atol * scale, equal_nan=True):
+                    diff = (g - e).abs()
+                    rel = (diff.norm() / e.norm().clamp_min(1e-12)).item()
+                    out.append(f"{name}: max abs diff {diff.max().item():.3g}, "
+                               f"relative (by norm) {rel:.3g}")
     return out
 
 
@@ -389,12 +435,12 @@ class Compiled(NamedTuple):
     measured: int = 0  # 1 when the measured peak was checked
 
 
-def compile_and_check(case: Case, expected: Step, budget: int | float | None, label: str, *,
-                      measure: bool) -> Compiled:
+def compile_and_check(case: Case, expected: Step, budget: int | float | None, label: str) -> Compiled:
     """One step of a fresh copy of ``case`` compiled by rematc at ``budget``, against
-    ``expected``. An InfeasibleBudgetError under a byte budget is an answer: its figure
-    comes back, for the caller to ask. What the route without rematc gets as wrong is
-    marked "torch"."""
+    ``expected``, then a second step's peak measured against the budget rematc took
+    (:func:`held_budget`). An InfeasibleBudgetError under a byte budget is an answer: its
+    figure comes back, for the caller to ask. What the route without rematc gets as wrong
+    is marked "torch"."""
     torch._dynamo.reset()
     model, inputs = build(case)
     # A case's byte budgets may be under 1 KiB (budget=1 asks for the stated minimum, and
@@ -404,7 +450,8 @@ def compile_and_check(case: Case, expected: Step, budget: int | float | None, la
                               time_limit=SOLVER_TIME_LIMIT)
     before, graphs_before = len(rematc.records()), counters["stats"]["unique_graphs"]
     try:
-        with same_random_as_eager(case):
+        with same_random_as_eager(case), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             got = run_step(case, model, compiled, inputs)
     except Exception as e:
         err = infeasible_cause(e)
@@ -425,30 +472,48 @@ def compile_and_check(case: Case, expected: Step, budget: int | float | None, la
     single = counters["stats"]["unique_graphs"] - graphs_before == 1
     if not records:
         return Compiled([Finding("error", label, "the rematc partitioner did not run")], [])
-    rtol, atol = _tolerances(case)
-    wrong = differences(expected, got, rtol=rtol, atol=atol)
-    measured = 0
+    wrong = differences(expected, got, **_tolerances(case)._asdict())
     findings: list[Finding] = []
-    if isinstance(budget, int) and single:  # not a fraction, nor a budget shared by graphs
+    # A budget shared by graphs is the step's, not one graph's: not measured.
+    held = held_budget(budget, records[-1], [w.category for w in caught]) if single else None
+    if isinstance(budget, int) and single:
         findings += [Finding("prediction", label,
                              f"predicted peak {r.predicted_peak} B over the budget {r.budget} B")
                      for r in records if r.budget is not None and r.predicted_peak > r.budget]
-        if measure:
-            model.zero_grad(set_to_none=True)  # frees before the measured step, not in it
-            for t in inputs:
-                t.grad = None
-            seeds = gradient_seeds(case)
-            peak = profiler_peak(lambda: backward_step(compiled, inputs, seeds))
-            measured = 1
-            if peak > budget * (1 + PEAK_TOLERANCE):
-                findings.append(Finding(
-                    "peak", label, f"measured {peak} B against the budget {budget} B "
-                    f"(predicted {records[-1].predicted_peak} B)"))
+    if held is not None:
+        model.zero_grad(set_to_none=True)  # frees before the measured step, not in it
+        for t in inputs:
+            t.grad = None
+        seeds = gradient_seeds(case)
+        peak = profiler_peak(lambda: backward_step(compiled, inputs, seeds, autocast=case.autocast))
+        allowed = held if case.compiler == "eager" else int(held * (1 + INDUCTOR_PEAK_TOLERANCE))
+        if peak > allowed:
+            findings.append(Finding(
+                "peak", label, f"measured {peak} B against the budget {held} B ({allowed} B "
+                f"allowed; predicted {records[-1].predicted_peak} B, generated code "
+                f"{records[-1].generated_peak} B, kept aside {records[-1].aside} B)"))
     if wrong:  # after the measurement: the baseline resets Dynamo
         torch_also = torch_differences(case, expected, got)
         findings += [Finding("torch" if _name(d) in torch_also else "mismatch", label, d)
                      for d in wrong]
-    return Compiled(findings, records, measured=measured)
+    return Compiled(findings, records, measured=int(held is not None))
+
+
+def held_budget(budget: int | float | None, record: rematc.PartitionRecord,
+                warned: Sequence[type[Warning]]) -> int | None:
+    """The bytes rematc took ``budget`` as, where it states the step holds it: a byte
+    budget it compiled at; a fraction it neither warned it cannot reach
+    (``BudgetWarning``: the least-peak plan runs) nor that the generated code peaks above
+    (``OverBudgetWarning``). None without a budget."""
+    if isinstance(budget, int):
+        return budget
+    if budget is None or record.budget is None:
+        return None
+    if any(issubclass(w, (rematc.BudgetWarning, rematc.OverBudgetWarning)) for w in warned):
+        return None
+    if record.solver == "least-peak" or record.predicted_peak > record.budget:
+        return None
+    return record.budget + record.squeezed  # the fraction's bytes, before any re-plan took off
 
 
 def _name(difference: str) -> str:
@@ -479,9 +544,9 @@ def torch_differences(case: Case, expected: Step, got: Step) -> set[str]:
     baseline = baseline_step(case)
     if isinstance(baseline, str):
         return set()
-    rtol, atol = _tolerances(case)
-    off = {_name(d) for d in differences(expected, baseline, rtol=rtol, atol=atol)}
-    return off - {_name(d) for d in differences(baseline, got, rtol=rtol, atol=atol)}
+    tol = _tolerances(case)._asdict()
+    off = {_name(d) for d in differences(expected, baseline, **tol)}
+    return off - {_name(d) for d in differences(baseline, got, **tol)}
 
 
 class GeneratorError(Exception):
@@ -490,7 +555,8 @@ class GeneratorError(Exception):
 
 class Outcome(NamedTuple):
     findings: list[Finding]  # "torch" ones happen without rematc too: not counted
-    measured: int  # steps whose measured peak was checked against the budget
+    measured: dict[str, int]  # by ask kind (and "<kind> stated"): steps measured
+    exported: dict[str, int]  # by export check's result: "whole step", "refused"
 
     @property
     def failures(self) -> list[Finding]:
@@ -500,7 +566,7 @@ class Outcome(NamedTuple):
 
 def run_case(case: Case) -> Outcome:
     """Everything rematc gets wrong on ``case``: compiled without a budget, then at each
-    of its asks, against one eager step."""
+    of its asks, against one eager step; then, if the case asks, its export."""
     rematc.clear_records()
     forget_plans_in_hand()
     model, inputs = build(case)
@@ -508,14 +574,13 @@ def run_case(case: Case) -> Outcome:
         expected = run_step(case, model, model, inputs)
     except Exception as e:
         raise GeneratorError(f"eager failed on\n{forward_source(case).text}") from e
-    measure = case.compiler == "eager"
     findings: list[Finding] = []
-    measured = 0
+    measured: dict[str, int] = {}
     with warnings.catch_warnings():
         # BudgetWarning (an unreachable fraction runs at the least peak) and
         # GraphBreakWarning are answers, not findings.
         warnings.simplefilter("ignore")
-        first = compile_and_check(case, expected, None, "None", measure=False)
+        first = compile_and_check(case, expected, None, "None")
         findings += first.findings
         for ask in case.asks:
             budget: int | float
@@ -527,10 +592,9 @@ def run_case(case: Case) -> Outcome:
                 budget = max(1, _step_budget(first.records) * ask.value // 100)
             else:
                 budget = 1
-            result = compile_and_check(case, expected, budget, f"{ask.kind} {budget}",
-                                       measure=measure)
+            result = compile_and_check(case, expected, budget, f"{ask.kind} {budget}")
             findings += result.findings
-            measured += result.measured
+            measured[ask.kind] = measured.get(ask.kind, 0) + result.measured
             # The stated minimum must work; after a graph break a later graph may state
             # more (the first error knows the graphs compiled so far), so each round may
             # raise again with a larger figure, once per graph.
@@ -538,10 +602,10 @@ def run_case(case: Case) -> Outcome:
             while stated is not None:
                 rounds += 1
                 again = compile_and_check(case, expected, stated,
-                                          f"{ask.kind} {budget}: stated minimum {stated}",
-                                          measure=measure)
+                                          f"{ask.kind} {budget}: stated minimum {stated}")
                 findings += again.findings
-                measured += again.measured
+                key = f"{ask.kind} stated"  # "min stated": the smallest feasible budget
+                measured[key] = measured.get(key, 0) + again.measured
                 if again.min_feasible is not None and (
                         again.min_feasible <= stated or rounds > _graphs(case)):
                     findings.append(Finding(
@@ -549,8 +613,76 @@ def run_case(case: Case) -> Outcome:
                         f"asking it raised again (round {rounds}): {again.error}"))
                     break
                 stated = again.min_feasible
+        exported: dict[str, int] = {}
+        if case.export:
+            for target in EXPORT_TARGETS:
+                found, result_kind = export_findings(case, target)
+                findings += found
+                exported[result_kind] = exported.get(result_kind, 0) + 1
     torch._dynamo.reset()
-    return Outcome(findings, measured)
+    return Outcome(findings, measured, exported)
+
+
+class StepLoss(nn.Module):
+    """The step of a case as the one loss ``rematc export`` traces: each tensor output
+    times its gradient seed, summed, so the backward is the step's; the forward under
+    autocast where the case's is."""
+
+    def __init__(self, net: nn.Module, seeds: Sequence[Tensor], *, autocast: bool) -> None:
+        super().__init__()
+        self.net, self.seeds, self.autocast = net, list(seeds), autocast
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            outs = self.net(*inputs)
+        terms = [(o * g).sum() for o, g in zip(outs, self.seeds, strict=False) if isinstance(o, Tensor)]
+        return torch.stack(terms).sum()
+
+
+def export_findings(case: Case, target: str) -> tuple[list[Finding], str]:
+    """``rematc export``'s trace of the step of ``case`` for ``target``, and what it
+    did: a model without a graph break exports its whole step (the loss among its forward
+    values, a backward after them, a plan the checker takes); one with a break is refused
+    by a one-line ``TraceError`` naming the break, never planned in part."""
+    model, inputs = build(case)
+    label = f"export --target {target}"
+    breaks = _graphs(case) - 1
+    source = forward_source(case)
+    first_break = next(k for k, line in enumerate(source.text.splitlines(), 1)
+                       if "graph_break()" in line) if breaks else 0
+    try:
+        traced = trace(StepLoss(model, gradient_seeds(case), autocast=case.autocast), inputs,
+                       target=target, name="fuzz")
+    except TraceError as e:
+        message = str(e)
+        # Named: the call, and its line in the model (not the line calling the model).
+        named = ("breaks into several graphs" in message and "graph_break()" in message
+                 and f'"{source_filename(source)}", line {first_break}' in message)
+        if breaks and named and "\n" not in message:
+            return [], "refused"
+        return [Finding("export", label, f"TraceError: {message[:800]}")], "error"
+    except Exception as e:  # anything else is a finding, with its type
+        return [Finding("export", label, f"not a TraceError: {type(e).__name__}: {str(e)[:800]}")], "error"
+    problem = traced.problem
+    if breaks:
+        return [Finding("export", label, f"a model with {breaks} graph break(s) exported a problem "
+                                         f"of {len(problem.nodes)} values, not the refusal")], "partial"
+    shapes = json.loads(problem.meta[SHAPES_KEY])
+    scalars = [n.name for n in problem.nodes  # StepLoss's loss is float32 under autocast too
+               if not n.backward and not n.resident and shapes.get(n.name) == "float32[]"]
+    plan = save_all(problem).plan
+    missing = [what for what, there in (("the loss (a 0-d forward value)", scalars),
+                                        ("a backward", problem.n_forward < len(problem.nodes)),
+                                        ("a save-all plan", plan is not None)) if not there]
+    if missing:
+        return [Finding("export", label, f"the problem ({len(problem.nodes)} values, "
+                                         f"{problem.n_forward} forward) lacks {' and '.join(missing)}")], "partial"
+    assert plan is not None
+    try:
+        check(problem, plan)
+    except PlanError as e:
+        return [Finding("export", label, f"the checker refuses the save-all plan: {e}")], "error"
+    return [], "whole step"
 
 
 def _graphs(case: Case) -> int:
@@ -575,16 +707,23 @@ def same_random_as_eager(case: Case) -> contextlib.AbstractContextManager[object
     return contextlib.nullcontext()
 
 
-def _tolerances(case: Case) -> tuple[float, float]:
-    return (EAGER_RTOL, EAGER_ATOL) if case.compiler == "eager" else (INDUCTOR_RTOL, INDUCTOR_ATOL)
+def _tolerances(case: Case) -> Tolerance:
+    if case.autocast:
+        return Tolerance(BF16_RTOL, BF16_ATOL, scaled=True)
+    if case.compiler == "eager":
+        return Tolerance(EAGER_RTOL, EAGER_ATOL)
+    return Tolerance(INDUCTOR_RTOL, INDUCTOR_ATOL)
 
 
 def report(case: Case, findings: Sequence[Finding]) -> str:
     """A failure as a reproduction: the findings, the forward, the case's JSON."""
-    lines = [f"{f.kind} at budget {f.budget} ({case.compiler}): {f.detail}" for f in findings]
+    route = case.compiler + (", bf16 autocast" if case.autocast else "")
+    lines = [f"{f.kind} {'in' if f.kind == 'export' else 'at budget'} {f.budget} ({route}): {f.detail}"
+             for f in findings]
     asks = ", ".join(f"{a.kind} {a.value}" for a in case.asks) or "none"
     lines += [f"model (seed {case.seed}, batch {case.batch}, width {case.width}, "
-              f"x requires grad: {case.x_grad}; budgets after None: {asks}):",
+              f"x requires grad: {case.x_grad}, autocast: {case.autocast}; budgets after None: "
+              f"{asks}; export checked: {case.export}):",
               forward_source(case).text.rstrip(), f"case: {case.to_json()}"]
     return "\n".join(lines)
 
@@ -599,8 +738,9 @@ def smaller(case: Case) -> Iterator[Case]:
         yield rep(case, asks=case.asks[:k] + case.asks[k + 1:])
     for k in range(len(case.outputs)):
         yield rep(case, outputs=case.outputs[:k] + case.outputs[k + 1:])
-    for field, plain in (("passthrough", -1), ("int_output", False), ("second_input", False),
-                         ("x_grad", False), ("batch", 8), ("width", 16)):
+    for field, plain in (("export", False), ("autocast", False), ("passthrough", -1),
+                         ("int_output", False), ("second_input", False), ("x_grad", False),
+                         ("batch", 8), ("width", 16)):
         if getattr(case, field) != plain:
             yield rep(case, **{field: plain})
     text = forward_source(case).text
@@ -638,6 +778,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inductor-share", type=float, default=0.0,
                         help="share of cases compiled with Inductor (slow on a CPU)")
+    parser.add_argument("--autocast-share", type=float, default=0.0,
+                        help="share of cases whose forward runs under CPU bf16 autocast")
+    parser.add_argument("--export-share", type=float, default=0.0,
+                        help="share of cases also traced for rematc export, for both targets")
     parser.add_argument("--max-ops", type=int, default=10)
     parser.add_argument("--no-shrink", action="store_true", help="report failures as found")
     parser.add_argument("--stop-after", type=int, default=0,
@@ -650,20 +794,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = run_case(case)
         print(report(case, outcome.findings) if outcome.findings else "no findings")
         return 1 if outcome.failures else 0
-    ran, invalid, measured, torch_only = dict.fromkeys(COMPILERS, 0), 0, 0, 0
+    tally: Counter[str] = Counter()  # what the cases run held, for the summary
+    invalid, torch_only = 0, 0
     failures: list[tuple[int, Case, list[Finding]]] = []
     for k in range(args.cases):
         rng = random.Random(args.seed * 1_000_003 + k)
         compiler = "inductor" if rng.random() < args.inductor_share else "eager"
         case = describe(rng.randint, max_ops=args.max_ops, compiler=compiler)
+        # Drawn after the description, so a seed describes the models it did before.
+        case = dataclasses.replace(case, autocast=rng.random() < args.autocast_share,
+                                   export=rng.random() < args.export_share)
         try:
             outcome = run_case(case)
         except GeneratorError as e:
             invalid += 1
             print(f"case {k}: {e} {e.__cause__!r}", flush=True)
             continue
-        ran[compiler] += 1
-        measured += outcome.measured
+        tally.update({compiler: 1, f"{compiler} autocast": case.autocast,
+                      "x requires grad": case.x_grad, "passthrough": case.passthrough >= 0,
+                      "graph break": _graphs(case) > 1,
+                      **{f"ask {a.kind}": 1 for a in case.asks},
+                      **{f"measured {compiler} {kind}": n for kind, n in outcome.measured.items()},
+                      **{f"export {result}": n for result, n in outcome.exported.items()}})
         if outcome.findings and not outcome.failures:
             torch_only += 1
             print(f"case {k}, also without rematc:\n{report(case, outcome.findings)}", flush=True)
@@ -675,10 +827,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if k % 10 == 9:
             print(f"{k + 1} cases, {len(failures)} failing, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
-    print(f"\ncases run: {sum(ran.values())} ({ran['eager']} eager, {ran['inductor']} inductor), "
-          f"failing: {len(failures)}, measured peaks checked: {measured}, differing without "
-          f"rematc too: {torch_only}, invalid (eager failed): {invalid}, "
-          f"time: {time.perf_counter() - t0:.0f} s")
+    print(f"\ncases run: {tally['eager'] + tally['inductor']} ({tally['eager']} eager, "
+          f"{tally['inductor']} inductor), failing: {len(failures)}, differing without rematc "
+          f"too: {torch_only}, invalid (eager failed): {invalid}, "
+          f"time: {time.perf_counter() - t0:.0f} s, torch {torch.__version__}")
+    print("held: " + ", ".join(f"{name} {n}" for name, n in sorted(tally.items())
+                               if name not in COMPILERS))
     for k, case, found in failures:
         kinds = {f.kind for f in found}
         shrunk, findings = (case, found) if args.no_shrink else shrink(case, kinds)

@@ -1,18 +1,25 @@
 """The fuzzer's fast slice (``bench/fuzz.py`` runs the long one): random small models on
 the eager route, compiled at random budgets, against eager. Hypothesis draws the cases,
 so a failing one shrinks to a small model; the two explicit examples are the regressions
-of abf260e (an input updated in place, a gradient passed through unchanged)."""
+of abf260e (an input updated in place, a gradient passed through unchanged). Fixed cases
+check the fuzzer's other paths (bf16 autocast at a stated budget, the export check) and
+that they find the defects fixed in 93f6e9c and e50e6dc with those fixes taken away."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import rematc.partition
+import rematc.trace
 from bench.fuzz import (
+    EXPORT_TARGETS,
     KINDS,
     Ask,
     Case,
@@ -20,6 +27,7 @@ from bench.fuzz import (
     build,
     describe,
     differences,
+    export_findings,
     forward_source,
     report,
     run_case,
@@ -34,13 +42,15 @@ EAGER_EXAMPLES = 60
 
 @st.composite
 def cases(draw: Any, *, max_ops: int = 6) -> Case:
-    return describe(lambda lo, hi: draw(st.integers(lo, hi)), max_ops=max_ops)
+    return describe(lambda lo, hi: draw(st.integers(lo, hi)), max_ops=max_ops,
+                    autocast=draw(st.booleans()))
 
 
-def case(*ops: Op, asks: tuple[Ask, ...] = (), passthrough: int = -1) -> Case:
+def case(*ops: Op, asks: tuple[Ask, ...] = (), passthrough: int = -1, autocast: bool = False,
+         export: bool = False) -> Case:
     return Case(seed=0, batch=32, width=64, ops=ops, second_input=False, x_grad=False,
                 passthrough=passthrough, outputs=(), int_output=False, asks=asks,
-                compiler="eager")
+                compiler="eager", autocast=autocast, export=export)
 
 
 # x.mul_(0.5), then linear and sigmoid layers: a recomputation must not read the updated x.
@@ -50,6 +60,15 @@ INPUT_SCALED = case(Op("inplace", 0, 0, 0), Op("linear", 1, 0, 0), Op("pointwise
 # y + tanh(linear(x)) returned: y's gradient is the incoming one, unchanged.
 PASSED_THROUGH = case(Op("linear", 0, 0, 0), Op("pointwise", 1, 0, 0), passthrough=2,
                       asks=(Ask("min", 10),))
+
+# Two linear layers under CPU bf16 autocast at the smallest budget stated: oneDNN's bf16
+# matmul scratch, which no value holds, took the step 42% over it before 93f6e9c.
+BF16_STATED = case(Op("linear", 0, 0, 0), Op("pointwise", 1, 0, 2), Op("linear", 2, 0, 0),
+                   asks=(Ask("min", 10),), autocast=True)
+# A dropout between two layers: the Inductor target's export failed on it before e50e6dc.
+DROPPED = case(Op("linear", 0, 0, 0), Op("dropout", 1, 0, 0), Op("linear", 2, 0, 0), export=True)
+# A graph break between two layers: export planned the first graph alone before e50e6dc.
+BROKEN = case(Op("linear", 0, 0, 0), Op("graph_break", 0, 0, 0), Op("linear", 1, 0, 0), export=True)
 
 
 @settings(max_examples=FAST_EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -82,16 +101,20 @@ def test_every_description_is_a_model_eager_runs(fuzzed: Case) -> None:
 def test_the_generator_reaches_every_feature() -> None:
     """Within 300 seeded cases: every kind of op, an input updated in place, a view of one
     updated, an activation updated in place where it stands (not a copy), a pass-through
-    gradient, an int output, and every kind of budget."""
-    sources, seen_kinds, seen_asks = [], set(), set()
+    gradient, an int output, and every kind of budget; inputs that require grad (``x``
+    and a passed-through ``y``) each in at least a third of the cases."""
+    sources, seen_kinds, seen_asks, x_grad, passthrough = [], set(), set(), 0, 0
     for k in range(300):
         c = describe(random.Random(k).randint, max_ops=10)
         sources.append(forward_source(c).text)
         seen_kinds |= {op.kind for op in c.ops}
         seen_asks |= {a.kind for a in c.asks}
+        x_grad += c.x_grad
+        passthrough += c.passthrough >= 0
     text = "\n".join(sources)
     assert seen_kinds == set(KINDS)
     assert seen_asks == {"bytes", "fraction", "min"}
+    assert x_grad >= 100 and passthrough >= 100, (x_grad, passthrough)
     for feature in ("    x.mul_(0.5)", "    x[:, :", "    z.add_(1.0)", "    z[:, :", "y + v", "// 2,)",
                     "torch._dynamo.graph_break()", "F.dropout", ".detach()", ".t()"):
         assert feature in text, feature
@@ -115,3 +138,37 @@ def test_a_wrong_gradient_is_a_difference() -> None:
     found = differences(expected, got._replace(grads=grads, outputs=outputs), rtol=1e-4, atol=1e-5)
     assert [d.split(":")[0] for d in found] == ["output 0 requires grad", "grad m1.weight",
                                               "grad head.bias"]
+
+
+def test_the_smallest_budget_stated_holds_under_bf16_autocast() -> None:
+    """Measured on the eager route, not a byte over; outputs and gradients as eager's
+    under autocast."""
+    outcome = run_case(BF16_STATED)
+    assert not outcome.failures, report(BF16_STATED, outcome.findings)
+    assert outcome.measured == {"min": 0, "min stated": 1}  # budget=1 raises; its figure ran
+
+
+def test_the_fuzzer_finds_a_stated_budget_without_room_for_bf16_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 93f6e9c's room for the scratch taken away, the measured peak is over."""
+    monkeypatch.setattr(rematc.partition, "transient_scratch", lambda nodes: 0)
+    outcome = run_case(BF16_STATED)
+    assert [f.kind for f in outcome.failures] == ["peak"], report(BF16_STATED, outcome.findings)
+
+
+@pytest.mark.parametrize(("fuzzed", "result"), [(DROPPED, "whole step"), (BROKEN, "refused")],
+                         ids=["dropout", "graph break"])
+def test_export_traces_the_whole_step_or_refuses_a_graph_break(fuzzed: Case, result: str) -> None:
+    for target in EXPORT_TARGETS:
+        assert export_findings(fuzzed, target) == ([], result), target
+
+
+def test_the_fuzzer_finds_the_export_defects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With e50e6dc's fixes taken away: no fake mode around Inductor's partition fails the
+    dropout model's trace; without ``fullgraph=True`` a graph break exports a problem of
+    the first graph."""
+    with monkeypatch.context() as m:
+        m.setattr(rematc.trace, "inductor_fake_mode", lambda inputs: contextlib.nullcontext())
+        assert export_findings(DROPPED, "inductor")[1] == "error"
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, **{**kw, "fullgraph": False}))
+    assert export_findings(BROKEN, "eager")[1] == "partial"
