@@ -236,11 +236,12 @@ def draw(rows: Sequence[Row], path: str | Path, *, title: str) -> None:
         ax.annotate(format_bytes(r.budget) if r.budget is not None else "no budget",
                     (r.measured / mib, r.step_time * 1e3), textcoords="offset points", xytext=(4, 4),
                     fontsize=7, color="tab:blue")
-    for r in rows:
-        if not r.rematc:
-            ax.plot(r.measured / mib, r.step_time * 1e3, "s", color="tab:orange")
-            ax.annotate(r.label, (r.measured / mib, r.step_time * 1e3), textcoords="offset points",
-                        xytext=(4, -10), fontsize=7, color="tab:orange")
+    others = [r for r in rows if not r.rematc]
+    for k, r in enumerate(others):
+        ax.plot(r.measured / mib, r.step_time * 1e3, "s", color="tab:orange")
+        # Labels stagger downwards: the PyTorch rows often lie close together.
+        ax.annotate(r.label, (r.measured / mib, r.step_time * 1e3), textcoords="offset points",
+                    xytext=(4, -10 - 9 * (k % 4)), fontsize=7, color="tab:orange")
     ax.set_xlabel("measured peak of a training step (MiB)")
     ax.set_ylabel("step time (ms, median)")
     ax.set_title(title)
