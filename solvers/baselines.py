@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from solvers.checker import Report, check
+from solvers.deadline import Deadline
 from solvers.floor import baseline
 from solvers.plan import Decision, Plan, needed_values, plan_from_decisions
 from solvers.problem import Problem
@@ -37,7 +38,7 @@ def save_all(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveRe
 
 
 def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
-           free_time: float | None = None) -> SolveResult:
+           free_time: float | None = None, deadline: Deadline | None = None) -> SolveResult:
     """Recompute every *free* value at once if that lowers the peak (a chain of cheap
     values only pays off whole), then the cheapest seconds-per-byte values one by one until
     the checker's peak fits; finally un-recompute the most expensive ones not needed to fit.
@@ -47,10 +48,11 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
     everything else the backward (or a recomputation) reads is saved, so each step is one
     checker replay: about 2·|candidates| in all. Status FEASIBLE with a plan when it fits,
     else INFEASIBLE (greedy proves nothing: the budget may still be feasible). Past
-    ``config.time_limit`` it stops where it is: unfit, or fit but not yet trimmed.
+    ``deadline`` (made from ``config`` where not given; under ``config.deterministic`` it
+    counts the replays) it stops where it is: unfit, or fit but not yet trimmed.
     """
     t0 = time.perf_counter()
-    deadline = t0 + config.time_limit
+    deadline = deadline or Deadline.of(config)
     recomputed, report = _free_start(problem, free_time)
     order = sorted(
         (v for v in problem.candidates
@@ -58,7 +60,7 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
         key=lambda v: (problem.nodes[v].time / problem.nodes[v].size, v),
     )
     for v in order:
-        if report.fits or time.perf_counter() > deadline:
+        if report.fits or deadline.expired():
             break
         trial = check(problem, plan_with(problem, recomputed | {v}))
         if trial.peak <= report.peak:
@@ -66,7 +68,7 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
             report = trial
     if report.fits:
         for v in sorted(recomputed, key=lambda v: -problem.nodes[v].time):
-            if time.perf_counter() > deadline:
+            if deadline.expired():
                 break
             trial = check(problem, plan_with(problem, recomputed - {v}))
             if trial.fits:

@@ -107,11 +107,12 @@ from ortools.sat.python import cp_model
 
 from solvers.baselines import free_plan, plan_with
 from solvers.checker import Report, check
+from solvers.deadline import Deadline
 from solvers.hostcopy import Clock, offload_hidden
 from solvers.plan import Decision, Plan, PlanError, plan_from_decisions
 from solvers.problem import Copy, Node, Problem
 from solvers.result import InfeasibleBudgetError, Planner, SolverConfig, SolveResult, Status
-from solvers.sat import make_solver, rest
+from solvers.sat import LEAST_SOLVE, make_solver, solved, within
 from solvers.segments import Segment, find_segments
 
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
@@ -120,6 +121,7 @@ SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to 
 DEAREST = 24
 SPAN = 4  # segments, at most, planned as one (two layers of a transformer)
 OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
+PEAK_SHARE = 0.5  # of what is left, at most, for the least-peak search; the search for time at its peak gets the rest
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
@@ -246,7 +248,7 @@ class Option:
     hostable: int = 0
 
 
-def options(c: Cut, config: SolverConfig, *, deadline: float, planner: Planner) -> list[Option]:
+def options(c: Cut, config: SolverConfig, *, deadline: Deadline, planner: Planner) -> list[Option]:
     """The options of one cut: its reference (recompute every interior value but the inner
     boundaries; first), save them all, recompute the free ones, recompute all (inner
     boundaries too), the dearest values kept at each ``1 / DEAREST`` of the bytes
@@ -258,22 +260,28 @@ def options(c: Cut, config: SolverConfig, *, deadline: float, planner: Planner) 
     # No option offloads: its copies would share the step's link with every other span's,
     # which only the chain level sees (``H``, :func:`compose`).
     unlinked = replace(p, host_bandwidth=0.0)
-    config = replace(config, multilevel=False)
+    # Under ``deterministic`` one CP-SAT worker: on these small models the interleaved
+    # portfolio's deterministic seconds undercount its time many times over (the least peak
+    # of a 45-decision span of Llama-2-70B: 45 s for 2.9 deterministic seconds with 8
+    # workers, 0.1 s with one).
+    config = replace(config, multilevel=False, workers=1 if config.deterministic else config.workers)
     plans = _fixed_plans(c)
     low = plans[0][1]
-    if _in_time(deadline, config):
-        least = planner.min_feasible_peak(unlinked, replace(config, time_limit=_left(deadline, config)))
+    if not deadline.expired():
+        sub = _sub(deadline, config)
+        least = planner.min_feasible_peak(unlinked, replace(config, time_limit=sub.seconds), deadline=sub)
         if least.plan is not None and not least.plan.multilevel:
             plans.append(("least-peak", least.plan))
             low = least.plan
     lo = check(p, low).peak
     hi = check(p, plans[1][1]).peak
     for k in range(1, SWEEP):
-        if not _in_time(deadline, config):
+        if deadline.expired():
             break
         budget = lo + (hi - lo) * k // SWEEP
+        sub = _sub(deadline, config)
         try:
-            r = planner.solve(unlinked.with_budget(budget), replace(config, time_limit=_left(deadline, config)))
+            r = planner.solve(unlinked.with_budget(budget), replace(config, time_limit=sub.seconds), deadline=sub)
         except InfeasibleBudgetError:
             continue
         if r.plan is not None and not r.plan.multilevel:
@@ -372,17 +380,10 @@ def sharing_options() -> Iterator[OptionBank]:
         _BANK.reset(token)
 
 
-def _left(deadline: float, config: SolverConfig) -> float:
-    """The time limit of one segment's solve: ``SUB_LIMIT``, or what is left before the
-    deadline. Under ``config.deterministic`` the deadline is not looked at (each solve
-    counts its own work), so the options do not depend on the machine's load."""
-    if config.deterministic:
-        return min(config.time_limit, SUB_LIMIT)
-    return max(0.05, min(config.time_limit, SUB_LIMIT, deadline - time.perf_counter()))
-
-
-def _in_time(deadline: float, config: SolverConfig) -> bool:
-    return config.deterministic or time.perf_counter() < deadline
+def _sub(deadline: Deadline, config: SolverConfig) -> Deadline:
+    """The deadline of one segment's solve: ``SUB_LIMIT`` (and the config's limit), or
+    what is left of the options' ``deadline`` where that is less."""
+    return deadline.part(min(config.time_limit, SUB_LIMIT))
 
 
 def _pareto(opts: list[Option]) -> list[Option]:
@@ -511,16 +512,17 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> 
 
 
 def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *, planner: Planner,
-                deadline: float | None = None) -> Chain | None:
+                deadline: Deadline | None = None) -> Chain | None:
     """The chain of ``problem`` with its spans' options, or None where it has none. Spans
     of one segment are planned first, by ``planner`` (:func:`options`); longer ones,
-    shortest first, while time is left.
+    shortest first, while ``deadline`` has time left (by default ``OPTION_SHARE`` of the
+    config's time limit).
     Inside :func:`sharing_options`, options are re-judged where a cut's structure was
     planned before, and after the first problem no longer span is searched."""
     segments = find_segments(problem)
     if len(segments) < 2:
         return None
-    deadline = deadline if deadline is not None else time.perf_counter() + config.time_limit * OPTION_SHARE
+    deadline = deadline or Deadline.of(config).part(config.time_limit * OPTION_SHARE)
     interior = {v for seg in segments for v in seg.interior if problem.nodes[v].recomputable}
     saved = frozenset(plan_with(problem, interior).of(Decision.SAVE))  # by the reference R
     bank = _BANK.get()
@@ -531,7 +533,7 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *, plan
     cuts: list[Cut] = []
     by_shape: dict[str, list[Option]] = {}
     for length in range(1, SPAN + 1):
-        if length > 1 and not _in_time(deadline, config):
+        if length > 1 and deadline.expired():
             break
         for first in range(len(segments) - length + 1):
             last = first + length - 1
@@ -547,7 +549,7 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *, plan
                     by_shape[c.signature] = rejudged(c, known)
                     bank.reused += 1
                 else:
-                    if length > 1 and (later or not _in_time(deadline, config)):
+                    if length > 1 and (later or deadline.expired()):
                         continue
                     by_shape[c.signature] = options(c, config, deadline=deadline, planner=planner)
                     if bank is not None:
@@ -616,7 +618,7 @@ def owners(chain: Chain) -> list[int | None]:
 
 def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minimize_peak: bool = False,
                 singles: bool = False, hint: Sequence[tuple[int, int]] | None = None,
-                hosts_at_most: Mapping[tuple[int, int], int] | None = None,
+                hosts_at_most: Mapping[tuple[int, int], int] | None = None, deadline: Deadline | None = None,
                 ) -> tuple[list[tuple[int, int]], float, bool] | None:
     """Spans covering the chain and one option each: the least added time within
     ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
@@ -624,8 +626,9 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
     that option offloaded beyond R). Returns the ``(span, option)`` pairs, the model's
     bound (seconds, or bytes for the peak) and whether it is proven optimal; None where
-    the chain model has no solution."""
-    t0 = time.perf_counter()
+    the chain model has no solution (or none was found within ``deadline``, made from
+    ``config`` where not given: building the model and its hint count against it)."""
+    deadline = deadline or Deadline.of(config)
     p = chain.problem
     unit = p.scale.bytes_per_unit
     seconds = p.scale.seconds_per_unit
@@ -706,11 +709,11 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
                        if xs for o, v in zip(opts, xs, strict=True)))
     if hint is not None:
         hinted = set(hint)
-        _hint(m, [v for xs in x for v in xs], [(i, k) in hinted for i, xs in enumerate(x) for k in range(len(xs))])
-    # building the model counts against the time limit (seconds on a 405B step's spans)
-    built = config if config.deterministic else replace(config, time_limit=max(0.1, rest(config, t0)))
-    solver = make_solver(replace(built, relative_gap=0.0))
-    code = solver.solve(m)
+        _hint(m, [v for xs in x for v in xs], [(i, k) in hinted for i, xs in enumerate(x) for k in range(len(xs))],
+              deadline)
+    solver = make_solver(replace(config, relative_gap=0.0))
+    within(solver, config, deadline)  # building the model counted (seconds on a 405B step's spans)
+    code = solved(solver, m, deadline)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     choice = [(i, k) for i, xs in enumerate(x) for k, v in enumerate(xs) if solver.boolean_value(v)]
@@ -718,21 +721,24 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     return choice, bound, code == cp_model.OPTIMAL
 
 
-def _hint(m: cp_model.CpModel, choices: Sequence[cp_model.IntVar], values: Sequence[bool]) -> None:
+def _hint(m: cp_model.CpModel, choices: Sequence[cp_model.IntVar], values: Sequence[bool],
+          deadline: Deadline) -> None:
     """Hint ``m``'s search with ``choices`` at ``values`` and, where the model allows that
     choice, every other variable at a value that completes it (found with the choices
     fixed: a search that only has to place ``H``, ``Q``, ``S`` and ``L``). CP-SAT takes a
     complete, feasible hint as its first solution at once; the choices alone, it may
-    leave after the first conflict."""
+    leave after the first conflict. Its search counts against ``deadline``."""
     fixed = m.clone()
     for v, on in zip(choices, values, strict=True):
         fixed.add(fixed.get_bool_var_from_proto_index(v.index) == int(on))
     fixed.clear_objective()
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
-    solver.parameters.max_deterministic_time = HINT_WORK
+    solver.parameters.max_deterministic_time = min(HINT_WORK, deadline.left()) if deadline.deterministic else HINT_WORK
+    if not deadline.deterministic:
+        solver.parameters.max_time_in_seconds = max(LEAST_SOLVE, deadline.left())
     solver.parameters.catch_sigint_signal = False
-    if solver.solve(fixed) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if solved(solver, fixed, deadline) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         for j in range(len(m.proto.variables)):
             v = m.get_int_var_from_proto_index(j)
             m.add_hint(v, solver.value(v))
@@ -763,14 +769,16 @@ def link_rooms(chain: Chain) -> list[int]:
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None,
-          planner: Planner | None = None) -> SolveResult:
+          planner: Planner | None = None, deadline: Deadline | None = None) -> SolveResult:
     """The cheapest plan the chain model finds within ``problem.budget``, judged by the
     checker. Status FEASIBLE with its plan (the chain model's optimum is not the flat
     problem's), INFEASIBLE without one (the chain model proves nothing about the flat
     problem), UNKNOWN on a problem without a chain. ``chain``: built before; else it is
-    built with ``planner`` (:func:`build_chain`)."""
+    built with ``planner`` (:func:`build_chain`). Within ``deadline`` (made from
+    ``config`` where not given), building the chain included."""
     t0 = time.perf_counter()
-    chain = _built(problem, config, chain, planner)
+    deadline = deadline or Deadline.of(config)
+    chain = _built(problem, config, chain, planner, deadline)
     if chain is None:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=time.perf_counter() - t0, solver="chain")
@@ -801,7 +809,7 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
         # with no bound proven, or with no plan, is run once again from no hint.
         again = retried = False
         for tries in range(TIGHTEN):
-            left = rest(config, t0) - reserve
+            left = deadline.left() - reserve
             if left <= 0:
                 break
             solves += 1
@@ -816,8 +824,8 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 hint, share, retried = None, 0.75, True
             else:
                 share = 0.25 if singles else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
-            chosen = solve_chain(chain, target, replace(config, time_limit=left * share),
-                                 singles=singles, hint=hint, hosts_at_most=caps)
+            chosen = solve_chain(chain, target, config, singles=singles, hint=hint, hosts_at_most=caps,
+                                 deadline=deadline.part(left * share))
             if chosen is None:
                 if singles and not retried and best is None:
                     again = True  # no plan in the time (or none at all)
@@ -876,13 +884,16 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
 
 
 def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Chain | None = None,
-             planner: Planner | None = None) -> SolveResult:
+             planner: Planner | None = None, deadline: Deadline | None = None) -> SolveResult:
     """The least-peak plan of the chain model, judged by the checker (status FEASIBLE: not
     a proof for the flat problem), or status UNKNOWN on a problem without a chain.
-    ``chain`` and ``planner`` as for :func:`solve`."""
+    ``chain``, ``planner`` and ``deadline`` as for :func:`solve`: the least-peak search
+    gets ``PEAK_SHARE`` of what is left, the search for time at its peak the rest."""
     t0 = time.perf_counter()
-    chain = _built(problem, config, chain, planner)
-    chosen = solve_chain(chain, None, config, minimize_peak=True) if chain is not None else None
+    deadline = deadline or Deadline.of(config)
+    chain = _built(problem, config, chain, planner, deadline)
+    chosen = (solve_chain(chain, None, config, minimize_peak=True, deadline=deadline.part(deadline.left() * PEAK_SHARE))
+              if chain is not None else None)
     if chosen is None:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=time.perf_counter() - t0, solver="chain-min-peak")
@@ -890,7 +901,7 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: 
     plan = chain.plan(chosen[0])  # type: ignore[union-attr]
     # The least chain peak may cost more time than needed: re-solve for time at that peak.
     report = check(unbudgeted, plan)
-    again = solve(problem.with_budget(report.peak), config, chain=chain)
+    again = solve(problem.with_budget(report.peak), config, chain=chain, deadline=deadline)
     if again.plan is not None and again.report is not None and again.report.peak <= report.peak:
         plan, report = again.plan, again.report
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=check(problem, plan),
@@ -899,14 +910,15 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: 
 
 
 def _built(problem: Problem, config: SolverConfig, chain: Chain | None,
-           planner: Planner | None) -> Chain | None:
-    """``chain``, or else ``problem``'s chain built with ``planner``."""
+           planner: Planner | None, deadline: Deadline) -> Chain | None:
+    """``chain``, or else ``problem``'s chain built with ``planner``, its options given
+    ``OPTION_SHARE`` of the time limit within ``deadline``."""
     if chain is not None:
         return chain
     if planner is None:
         raise TypeError("the chain model plans its segments with the planner: pass "
                         "planner=solvers.planner.PLANNER, or a chain built before (chain=build_chain(...))")
-    return build_chain(problem, config, planner=planner)
+    return build_chain(problem, config, planner=planner, deadline=deadline.part(config.time_limit * OPTION_SHARE))
 
 
 def describe(chain: Chain) -> Iterable[str]:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import threading
 from dataclasses import dataclass
 
 from solvers.plan import Decision, Plan, PlanError, needed_values
@@ -73,8 +74,18 @@ class Report:
         return self.budget is None or self.peak <= self.budget
 
 
+_REPLAYS = threading.local()  # values replayed by this thread's checker, in ``values``
+
+
+def replayed() -> int:
+    """The values (and schedule steps) this thread's checker has replayed so far: the
+    measure of its work a deterministic time limit counts (:mod:`solvers.deadline`)."""
+    return getattr(_REPLAYS, "values", 0)
+
+
 def check(problem: Problem, plan: Plan) -> Report:
     """Replay ``plan`` on ``problem``; raise :class:`PlanError` if it cannot run."""
+    _REPLAYS.values = replayed() + len(problem.nodes) + len(plan.schedule)
     _validate(problem, plan)
     spans, passing = value_copies(problem, plan)
     n = len(problem.nodes)

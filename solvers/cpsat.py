@@ -134,19 +134,20 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from solvers.checker import Report, check
+from solvers.deadline import Deadline
 from solvers.floor import baseline, unstored_extensions
 from solvers.plan import Decision, Plan, plan_from_decisions
 from solvers.problem import Copy, Problem
 from solvers.result import SolverConfig, SolveResult, Status
 from solvers.sat import (
-    limit,
     make_peak_solver,
     make_solver,
     min_peak_result,
     objective_seconds,
     proven_optimal,
     search_stats,
-    spent,
+    solved,
+    within,
 )
 
 log = logging.getLogger(__name__)
@@ -551,21 +552,20 @@ def two_phase(problem: Problem) -> None:
                          "solvers.solve picks the solver for any problem")
 
 
-def prepare(problem: Problem, config: SolverConfig, *, start: Plan | None = None, started: float | None = None,
-            work: float = 0.0) -> tuple[Model, cp_model.CpSolver]:
+def prepare(problem: Problem, config: SolverConfig, *, start: Plan | None = None,
+            deadline: Deadline | None = None) -> tuple[Model, cp_model.CpSolver]:
     """The model, hinted with ``start`` where given, and a configured solver whose time
-    limit is what is left of ``config``'s since ``started`` (now where not given; ``work``:
-    the deterministic seconds spent since then under ``config.deterministic``).
-    ``config.step_gap`` becomes CP-SAT's absolute gap limit, in objective units."""
+    limit is what is left of ``deadline`` once the model is built (made from ``config``
+    where not given). ``config.step_gap`` becomes CP-SAT's absolute gap limit, in
+    objective units."""
     two_phase(problem)
-    t0 = time.perf_counter() if started is None else started
+    deadline = deadline or Deadline.of(config)
     model = build(problem)
     if start is not None:
         hint(model, start)
         model.seed = start
     solver = make_solver(config)
-    # The model and its seed count against the time limit: the search gets what is left.
-    limit(solver, config, max(0.1, config.time_limit - spent(config, t0, work)))
+    within(solver, config, deadline)  # the model counts against the time limit
     if config.step_gap > 0:
         step = problem.scale.time(sum(n.time for n in problem.nodes))
         solver.parameters.absolute_gap_limit = config.step_gap * step * model.tie_break
@@ -612,26 +612,31 @@ def finish(problem: Problem, model: Model, solver: cp_model.CpSolver, code: cp_m
     )
 
 
-def min_peak(problem: Problem, config: SolverConfig, *, start: Plan | None = None) -> SolveResult:
+def min_peak(problem: Problem, config: SolverConfig, *, start: Plan | None = None,
+             deadline: Deadline | None = None) -> SolveResult:
     """The least-peak plan of the minimum-peak model (:func:`peak_search`, hinted with
-    ``start``), judged by the checker against ``problem``'s budget: status OPTIMAL where
-    its peak is proven least (``report.peak`` is then the smallest feasible budget),
-    FEASIBLE where not, UNKNOWN where the search found no plan."""
+    ``start``, within ``deadline``), judged by the checker against ``problem``'s budget:
+    status OPTIMAL where its peak is proven least (``report.peak`` is then the smallest
+    feasible budget), FEASIBLE where not, UNKNOWN where the search found no plan."""
     t0 = time.perf_counter()
-    model, solver, code = peak_search(problem, config, start=start)
+    model, solver, code = peak_search(problem, config, start=start, deadline=deadline)
     return min_peak_result(problem, solver, code, lambda: extract_plan(model, solver), started=t0,
                            name="cpsat-min-peak", stats=solve_stats(model, solver, code))
 
 
 def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolverSolutionCallback | None = None,
-                start: Plan | None = None) -> tuple[Model, cp_model.CpSolver, cp_model.CpSolverStatus]:
+                start: Plan | None = None, deadline: Deadline | None = None
+                ) -> tuple[Model, cp_model.CpSolver, cp_model.CpSolverStatus]:
     """Minimize the peak (any added time), with no gap limit (:func:`make_peak_solver`),
-    hinted with ``start`` where given."""
+    hinted with ``start`` where given, within ``deadline`` (made from ``config`` where not
+    given)."""
+    deadline = deadline or Deadline.of(config)
     model = build(problem.with_budget(None), minimize_peak=True)
     if start is not None:
         hint(model, start)
     solver = make_peak_solver(config)
-    code = solver.solve(model.cp, stop) if stop is not None else solver.solve(model.cp)
+    within(solver, config, deadline)
+    code = solved(solver, model.cp, deadline, stop)
     return model, solver, code
 
 

@@ -67,6 +67,7 @@ import numpy as np
 
 from solvers.baselines import decisions_with, plan_with
 from solvers.checker import Report, check, unread_entries, value_intervals
+from solvers.deadline import Deadline
 from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
@@ -209,7 +210,9 @@ def split(chain: MeasuredChain, budget: float) -> list[tuple[int, int]] | None:
     last of them starts."""
     n = chain.n
     unit, weight = input_units(chain)
-    units = int(budget // unit) + 1 if budget >= 0 else 0
+    # No split keeps more than every input: more units change nothing, and would only
+    # grow the arrays (a budget far above the boundaries' bytes).
+    units = min(int(budget // unit), sum(weight)) + 1 if budget >= 0 else 0
     if units == 0:
         return None
     cost, need = chain.groups
@@ -281,19 +284,23 @@ def compose(problem: Problem, chain: MeasuredChain, groups: Sequence[tuple[int, 
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *,
-          chain: MeasuredChain | None = None) -> SolveResult:
+          chain: MeasuredChain | None = None, deadline: Deadline | None = None) -> SolveResult:
     """The cheapest grouped plan within ``problem.budget`` that the checker accepts, or
     status UNKNOWN and no plan (no chain, no budget, or no split fits: neither one the
     model fits nor, where it fits none, every segment a group of its own). ``chain``: the
     problem's chain, already measured. Status FEASIBLE: the model's optimum is not the
-    flat problem's (no bound is claimed)."""
+    flat problem's (no bound is claimed). Past ``deadline`` (made from ``config`` where
+    not given) no split is searched again."""
     t0 = time.perf_counter()
+    deadline = deadline or Deadline.of(config)
     chain = chain or (measure(problem) if problem.budget is not None else None)
     budget = problem.budget
     if chain is not None and budget is not None:
         target: float = budget
         tried: set[tuple[tuple[int, int], ...]] = set()
-        for _ in range(TIGHTEN):
+        for tries in range(TIGHTEN):
+            if tries and deadline.expired():
+                break
             groups = split(chain, target)
             if groups is None:
                 break
@@ -325,26 +332,36 @@ def _found(plan: Plan, report: Report, groups: Sequence[tuple[int, int]], t0: fl
 
 
 def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
-             chain: MeasuredChain | None = None) -> SolveResult:
+             chain: MeasuredChain | None = None, deadline: Deadline | None = None) -> SolveResult:
     """The grouped plan of least checked peak among the cheapest splits at a sweep of
-    budgets, from the model's least feasible one up; status UNKNOWN and no plan where the
+    budgets, from the model's least feasible one up; past ``deadline`` (made from
+    ``config`` where not given) the search for that budget stops where it is, at one the
+    model fits, and the sweep after its first plan. Status UNKNOWN and no plan where the
     problem has no chain."""
     t0 = time.perf_counter()
+    deadline = deadline or Deadline.of(config)
     chain = chain or measure(problem)
     if chain is None:
         return SolveResult(status=Status.UNKNOWN, plan=None, report=None, objective=math.inf, bound=0.0,
                            wall_time=time.perf_counter() - t0, solver="multilevel-min-peak")
     unbudgeted = problem.with_budget(None)
-    # The model's least feasible budget, to 0.1%: every segment a group of its own fits at its
-    # own figure, and nothing fits below zero.
+    # The model's least feasible budget, to 0.1% while time is left: every segment a group
+    # of its own fits at its own figure, and nothing fits below zero.
     low, high = 0.0, model_peak(chain, [(s, s) for s in range(chain.n)])
-    while high - low > 1e-3 * high:
+    while high - low > 1e-3 * high and not deadline.expired():
         mid = (low + high) / 2
         low, high = (low, mid) if split(chain, mid) is not None else (mid, high)
     low = high
-    plans = [compose(problem, chain, g) for b in np.geomspace(max(low, 1), max(low, 1) * 2, 8)
-             if (g := split(chain, float(b))) is not None]
-    best = min(plans, key=lambda p: check(unbudgeted, p).peak)
-    report = check(problem, best)
-    return SolveResult(status=Status.FEASIBLE, plan=best, report=report, objective=report.added_time, bound=0.0,
+    best: tuple[int, Plan] | None = None  # the least checked peak, its plan
+    for b in np.geomspace(max(low, 1), max(low, 1) * 2, 8):
+        if best is not None and deadline.expired():
+            break
+        if (g := split(chain, float(b))) is not None:
+            plan = compose(problem, chain, g)
+            peak = check(unbudgeted, plan).peak
+            if best is None or peak < best[0]:
+                best = (peak, plan)
+    assert best is not None  # the model's least feasible budget has a split
+    report = check(problem, best[1])
+    return SolveResult(status=Status.FEASIBLE, plan=best[1], report=report, objective=report.added_time, bound=0.0,
                        wall_time=time.perf_counter() - t0, solver="multilevel-min-peak")

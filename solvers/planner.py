@@ -7,7 +7,9 @@ two-phase one gets the cheapest, by the checker, of the plans found without the 
 plan an error stated before) and of the flat CP-SAT search (:mod:`solvers.cpsat`) started
 from the best of them; from ``CHAIN_ONLY_CANDIDATES`` decisions the flat search does not
 run. ``prepare`` and ``finish`` split :func:`solve` for callers that run the search
-themselves (:mod:`solvers.progress`). See docs/solvers.md, "solvers.solve".
+themselves (:mod:`solvers.progress`). Every stage of one solve runs within one
+:class:`solvers.deadline.Deadline`, made from the config and handed down. See
+docs/solvers.md, "solvers.solve" and "Time".
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from ortools.sat.python import cp_model
 from solvers import bound, chain, cpsat, multilevel
 from solvers.baselines import checkpoint_every, greedy, selective
 from solvers.checker import check
+from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
 from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, Planner, SolverConfig, SolveResult, Status
-from solvers.sat import Watch, objective_seconds, rest, search
+from solvers.sat import Watch, objective_seconds, search
 from solvers.singlephase import anywhere
 
 log = logging.getLogger(__name__)
@@ -60,8 +63,10 @@ STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers 
 _STATED: dict[Problem, tuple[int, Plan]] = {}
 
 
-def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
-    """The cheapest plan within ``problem.budget``.
+def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, deadline: Deadline | None = None
+          ) -> SolveResult:
+    """The cheapest plan within ``problem.budget``, within ``deadline`` (made from
+    ``config`` where not given; a stage that plans a part of a problem hands its own part).
 
     Raises :class:`InfeasibleBudgetError` (with the smallest feasible budget) when no plan
     fits. On a time-out, returns the best plan found (status FEASIBLE, with its gap), or
@@ -70,69 +75,87 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResul
     if problem.single_phase:
         return anywhere.solve(problem, config)
     t0 = time.perf_counter()
-    known = known_only(problem, config)
+    deadline = deadline or Deadline.of(config)
+    known = known_only(problem, config, deadline=deadline)
     if known is not None:
         return known
-    model, solver = _prepare(problem, config)
+    model, solver = _prepare(problem, config, deadline)
     watch = Watch(seconds=lambda objective: objective_seconds(model.tie_break, problem, objective))
-    code = search(solver, model.cp, config, watch, seeded=model.seed is not None)
-    return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled)
+    code = search(solver, model.cp, config, watch, seeded=model.seed is not None, deadline=deadline)
+    return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled, deadline=deadline)
 
 
-def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
+def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
+                      deadline: Deadline | None = None) -> SolveResult:
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
     smallest feasible budget when the status is OPTIMAL. Where the search proves nothing,
-    never above the least peak of the plans :func:`known_plans` finds without a budget."""
+    never above the least peak of the plans :func:`known_plans` finds without a budget.
+    ``deadline`` as for :func:`solve`."""
     if problem.single_phase:
         return anywhere.min_feasible_peak(problem, config)
     t0 = time.perf_counter()
+    deadline = deadline or Deadline.of(config)
     if len(problem.candidates) >= CHAIN_ONLY_CANDIDATES:  # the flat search would find less
-        known = least_known_peaks(problem, config)
+        known = least_known_peaks(problem, config, deadline=deadline)
     else:
         # With a host link, the least peak without it first (a plan here too, though not
         # proven least: offload may go lower), to start the larger model's search.
-        local = least_peak_unlinked(problem, config)
-        left = replace(config, time_limit=config.time_limit * (1 - RECOMPUTE_FIRST_SHARE)) if local else config
-        found = cpsat.min_peak(problem, left, start=local[0].plan if local else None)
+        local = least_peak_unlinked(problem, config, deadline)
+        # The chain model's least peak (:func:`least_known_peaks`) keeps its share.
+        kept = config.time_limit * CHAIN_SHARE if chained(problem, config) else 0.0
+        found = cpsat.min_peak(problem, config, start=local[0].plan if local else None,
+                               deadline=deadline.part(deadline.left() - kept))
         if found.status is Status.OPTIMAL:
             return replace(found, wall_time=time.perf_counter() - t0)
-        known = [found, *local, *least_known_peaks(problem, config)]
+        known = [found, *local, *least_known_peaks(problem, config, deadline=deadline)]
     best = min((r for r in known if r.report is not None), key=lambda r: r.report.peak)  # type: ignore[union-attr]
     return replace(best, wall_time=time.perf_counter() - t0)
 
 
-def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
+def known_only(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = None
+               ) -> SolveResult | None:
     """On a two-phase problem of at least ``CHAIN_ONLY_CANDIDATES`` decisions, the cheapest
     plan that fits among the greedy's, checkpointing's, the multi-level one's and the chain
     model's, the chain model given what is left of the time limit; None on a smaller or a
     single-phase problem (it is searched). Status FEASIBLE, bounded by the step relaxation
     (:mod:`solvers.bound`): none of these searches proves a bound. Where none fits, raises
     :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
-    proven least: the flat search, which could prove it, does not finish at this size)."""
+    proven least: the flat search, which could prove it, does not finish at this size).
+    ``deadline`` as for :func:`solve`."""
     if problem.single_phase or problem.budget is None or len(problem.candidates) < CHAIN_ONLY_CANDIDATES:
         return None
     t0 = time.perf_counter()
+    deadline = deadline or Deadline.of(config)
     # What no plan beats (the searches below prove no bound), in a share of the time.
-    relaxed = bound.lower_bound(problem, seconds=bound_time(config))
-    built = chain.build_chain(problem, config, planner=PLANNER)
-    found = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
+    relaxed = bound.lower_bound(problem, seconds=bound_time(config, deadline))
+    built = chain.build_chain(problem, config, planner=PLANNER,
+                              deadline=deadline.part(config.time_limit * chain.OPTION_SHARE))
+    before = deadline.spent()
+    found = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config, deadline)]
+    # Where none of these fits, the least-peak plans may be searched for after the chain
+    # model (for the error), and they repeat these: the chain model leaves what they took.
+    repeated = 0.0 if any(r.plan is not None for r in found) else deadline.spent() - before
     # The greedy comes last, with what the chain model leaves of the time: at this size
     # one of its checker replays takes up to half a second, and its plan is seldom the best.
-    share = 0.0 if config.deterministic else config.time_limit * LATE_GREEDY_SHARE
-    left = replace(config, time_limit=max(0.1, rest(config, t0) - share))
-    found.append(chain.solve(problem, left, chain=built, planner=PLANNER))
+    late = config.time_limit * LATE_GREEDY_SHARE
+    found.append(chain.solve(problem, config, chain=built, deadline=deadline.part(deadline.left() - late - repeated)))
+    fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
+    # Where no plan fits yet, the greedy gets its share, and the rest goes to the least
+    # peak the error states (:func:`least_known_peaks`), less the bound's share after it.
+    greedy_s = deadline.left() if fitting else min(late, deadline.left())
     # it checks the clock between checker replays: stopped one replay early (about what
     # the chain model's last plan took to judge), it ends within the limit
-    judged = built.judge_s if built is not None else 0.0
-    found.append(greedy(problem, SolverConfig(
-        time_limit=math.inf if config.deterministic else max(0.0, rest(config, t0) - judged))))
+    judged = built.judge_s if built is not None and not config.deterministic else 0.0
+    found.append(greedy(problem, config, deadline=deadline.part(greedy_s - judged)))
     fitting = [r for r in [*found, *stated(problem)] if r.plan is not None]
     if not fitting:
-        low = min((r for r in least_known_peaks(problem, left, built=built) if r.report is not None),
+        explaining = deadline.part(deadline.left() - bound_kept(config))
+        low = min((r for r in least_known_peaks(problem, config, built=built, deadline=explaining)
+                   if r.report is not None),
                   key=lambda r: r.report.peak)  # type: ignore[union-attr]
         assert low.report is not None and low.plan is not None
         if not low.report.fits:  # a least-peak plan may fit where the budgeted searches missed
-            at_least = bound.least_budget(problem, low.report.peak, seconds=bound_time(config))
+            at_least = bound.least_budget(problem, low.report.peak, seconds=bound_time(config, deadline))
             raise state(InfeasibleBudgetError(problem.budget, low.report.peak, proven=False, plan=low.plan,
                                               at_least=at_least), problem)
         fitting = [low]
@@ -142,94 +165,105 @@ def known_only(problem: Problem, config: SolverConfig) -> SolveResult | None:
                    stats={**best.stats, "from": best.solver, "bound_step": -1 if relaxed.step is None else relaxed.step})
 
 
-def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, float], None] | None = None
-            ) -> tuple[Model, cp_model.CpSolver]:
+def prepare(problem: Problem, config: SolverConfig, *, on_best: Callable[[Plan, float], None] | None = None,
+            deadline: Deadline | None = None) -> tuple[Model, cp_model.CpSolver]:
     """The model and a configured solver: for a two-phase problem the flat model hinted
-    with :func:`seed`'s plan (:func:`solvers.cpsat.prepare`). A single-phase problem's
-    local search runs first and tells ``on_best`` each better plan it finds."""
+    with :func:`seed`'s plan (:func:`solvers.cpsat.prepare`), the search given what is left
+    of ``deadline`` (made from ``config`` where not given). A single-phase problem's local
+    search runs first and tells ``on_best`` each better plan it finds."""
     if problem.single_phase:
         return anywhere.prepare(problem, config, on_best=on_best)
-    return _prepare(problem, config)
+    return _prepare(problem, config, deadline or Deadline.of(config))
 
 
-def _prepare(problem: Problem, config: SolverConfig) -> tuple[cpsat.Model, cp_model.CpSolver]:
+def _prepare(problem: Problem, config: SolverConfig, deadline: Deadline) -> tuple[cpsat.Model, cp_model.CpSolver]:
     """:func:`prepare` of a two-phase problem: the seed's searches count against the time
-    limit, and the flat search gets what is left."""
-    t0 = time.perf_counter()
-    start, work = seeded(problem, config)
-    return cpsat.prepare(problem, config, start=start, started=t0, work=work)
+    limit, and the flat search gets what is left, less the step relaxation's share for
+    its bound after it (:func:`finish`)."""
+    start = seeded(problem, config, deadline)
+    return cpsat.prepare(problem, config, start=start,
+                         deadline=deadline.part(deadline.left() - bound_kept(config)))
 
 
 def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_model.CpSolver,
            code: cp_model.CpSolverStatus, *, started: float, stalled: bool = False,
-           interrupted: bool = False) -> SolveResult:
+           interrupted: bool = False, deadline: Deadline | None = None) -> SolveResult:
     """The result of a finished or stopped search (:func:`solvers.cpsat.finish`), its bound
     raised by the step relaxation (:mod:`solvers.bound`) where the search proved none; a
     proven infeasible budget raised as :class:`InfeasibleBudgetError` with the smallest
     feasible one (:func:`explained`). ``interrupted``: stopped by the user, so a
-    single-phase solve skips its polish."""
+    single-phase solve skips its polish. ``deadline``: the solve's (what is left of it
+    goes to the explanation and the bound; made from ``config`` where not given)."""
     if isinstance(model, anywhere.Model):
         return anywhere.finish(problem, config, model, solver, code, started=started, stalled=stalled,
                                interrupted=interrupted)
+    deadline = deadline or Deadline.of(config)
     found = cpsat.finish(problem, model, solver, code, started=started, stalled=stalled)
     if found.status is Status.INFEASIBLE:
-        raise explained(problem, config)
+        raise explained(problem, config, deadline=deadline)
     if found.status is Status.FEASIBLE:  # the step relaxation may prove more than the search did
-        relaxed = bound.lower_bound(problem, seconds=bound_time(config)).seconds
+        relaxed = bound.lower_bound(problem, seconds=bound_time(config, deadline)).seconds
         found = replace(found, bound=min(found.objective, max(found.bound, relaxed)))
     return found
 
 
-def explained(problem: Problem, config: SolverConfig) -> InfeasibleBudgetError:
+def explained(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = None
+              ) -> InfeasibleBudgetError:
     """The error for ``problem``'s budget, proven infeasible: the least peak
     (:func:`min_feasible_peak`) and, where that is not proven least, the budget the step
-    relaxation shows no plan fits under (:func:`solvers.bound.least_budget`)."""
+    relaxation shows no plan fits under (:func:`solvers.bound.least_budget`), in what is
+    left of ``deadline`` (made from ``config`` where not given)."""
     assert problem.budget is not None
-    peak = min_feasible_peak(problem, config)
+    deadline = deadline or Deadline.of(config)
+    peak = min_feasible_peak(problem, config, deadline=deadline.part(deadline.left() - bound_kept(config)))
     proven = peak.status is Status.OPTIMAL
     least = peak.report.peak if peak.report else None
-    at_least = (bound.least_budget(problem, least, seconds=bound_time(config))
+    at_least = (bound.least_budget(problem, least, seconds=bound_time(config, deadline))
                 if least is not None and not proven else None)
     return state(InfeasibleBudgetError(problem.budget, least, proven=proven, plan=peak.plan,
                                        at_least=at_least), problem)
 
 
-def bound_time(config: SolverConfig) -> float:
+def bound_time(config: SolverConfig, deadline: Deadline) -> float:
     """Seconds for the step relaxation (:mod:`solvers.bound`): ``BOUND_SHARE`` of the time
-    limit, or no limit under ``config.deterministic`` (its work does not depend on time)."""
-    return math.inf if config.deterministic else config.time_limit * BOUND_SHARE
+    limit, or what is left of ``deadline`` where that is less (it relaxes one step at
+    least); no limit under ``config.deterministic``, where it runs every step it would
+    (a fixed count: its work does not depend on time, and is not counted)."""
+    return math.inf if config.deterministic else min(config.time_limit * BOUND_SHARE, deadline.left())
 
 
-def seed(problem: Problem, config: SolverConfig) -> Plan | None:
+def bound_kept(config: SolverConfig) -> float:
+    """Seconds a search keeps for the step relaxation after it: :func:`bound_time`'s share,
+    none under ``config.deterministic`` (its work is not counted)."""
+    return 0.0 if config.deterministic else config.time_limit * BOUND_SHARE
+
+
+def seed(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = None) -> Plan | None:
     """A plan to start the search from: the cheapest within budget of the greedy's (given
     ``SEED_SHARE`` of the time), :func:`known_plans` and, with a host link, the plan found
     without it (:func:`recompute_only`); else the minimum-peak model's first plan within
     budget (``PEAK_SEED_SHARE``), or the least-peak plan it found; or None. Raises
     :class:`InfeasibleBudgetError` when that search proves the least peak over the budget.
+    Its searches run within ``deadline`` (made from ``config`` where not given).
     See docs/solvers.md, "solvers.solve"."""
-    return seeded(problem, config)[0]
+    return seeded(problem, config, deadline or Deadline.of(config))
 
 
-def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
-    """:func:`seed`'s plan and the deterministic seconds counted for its searches: the
-    recompute-only one's share and what the minimum-peak search ran (0 where neither ran).
-    Under ``config.deterministic`` the greedy has no time limit (it stops after about two
-    replays per candidate)."""
-    share = math.inf if config.deterministic else config.time_limit * SEED_SHARE
-    start = greedy(problem, SolverConfig(time_limit=share))
-    local, least, work = recompute_only(problem, config)
-    fitting = [r for r in [start, *local, *known_plans(problem, config)] if r.plan is not None]
+def seeded(problem: Problem, config: SolverConfig, deadline: Deadline) -> Plan | None:
+    """:func:`seed`, its searches within ``deadline``."""
+    start = greedy(problem, config, deadline=deadline.part(config.time_limit * SEED_SHARE))
+    local, least = recompute_only(problem, config, deadline)
+    fitting = [r for r in [start, *local, *known_plans(problem, config, deadline)] if r.plan is not None]
     if fitting:
-        return min(fitting, key=lambda r: r.objective).plan, work
+        return min(fitting, key=lambda r: r.objective).plan
     if problem.budget is None:
-        return start.plan, work
+        return start.plan
     t0 = time.perf_counter()
     capacity = problem.scale.capacity(problem.budget)
-    model, solver, code = cpsat.peak_search(problem, replace(config, time_limit=config.time_limit * PEAK_SEED_SHARE),
-                                            stop=cpsat.StopAtMost(capacity), start=least)
-    work += solver.deterministic_time
+    model, solver, code = cpsat.peak_search(problem, config, stop=cpsat.StopAtMost(capacity), start=least,
+                                            deadline=deadline.part(config.time_limit * PEAK_SEED_SHARE))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, work
+        return None
     plan = cpsat.extract_plan(model, solver)
     fits = solver.objective_value <= capacity
     if code == cp_model.OPTIMAL and not fits:
@@ -237,30 +271,29 @@ def seeded(problem: Problem, config: SolverConfig) -> tuple[Plan | None, float]:
     log.info("seed: the minimum-peak model's %s after %.1f s",
              "first plan within budget" if fits else "least-peak plan found (over budget)",
              time.perf_counter() - t0)
-    return plan, work
+    return plan
 
 
-def recompute_only(problem: Problem, config: SolverConfig) -> tuple[list[SolveResult], Plan | None, float]:
+def recompute_only(problem: Problem, config: SolverConfig, deadline: Deadline
+                   ) -> tuple[list[SolveResult], Plan | None]:
     """Where ``problem`` has a host link: the flat search's plan without it, given
     ``RECOMPUTE_FIRST_SHARE`` of the time limit. Moving nothing, that plan is one here
     too, so a search it starts never ends dearer than recompute-only's; the offload
     model, with its copy windows, is larger and may not reach that plan on its own in the
     time. Returns ([the plan judged against ``problem``] or [], the least-peak plan the
-    search found where no plan fits the budget (else None), the deterministic seconds
-    counted for it under ``config.deterministic``, else 0)."""
+    search found where no plan fits the budget (else None)); within ``deadline``."""
     if problem.host_bandwidth <= 0 or problem.single_phase:
-        return [], None, 0.0
+        return [], None
     local = replace(config, time_limit=config.time_limit * RECOMPUTE_FIRST_SHARE)
-    work = local.time_limit if config.deterministic else 0.0
     try:
-        found = solve(replace(problem, host_bandwidth=0.0), local)
+        found = solve(replace(problem, host_bandwidth=0.0), local, deadline=deadline.part(local.time_limit))
     except InfeasibleBudgetError as e:
-        return [], e.plan, work
+        return [], e.plan
     if found.plan is None:
-        return [], None, work
+        return [], None
     report = check(problem, found.plan)
     return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time,
-                    bound=0.0, solver="recompute-only")], None, work
+                    bound=0.0, solver="recompute-only")], None
 
 
 def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
@@ -291,57 +324,72 @@ def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     return out
 
 
-def grouped(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+def grouped(problem: Problem, config: SolverConfig, deadline: Deadline) -> list[SolveResult]:
     """The multi-level plan (:mod:`solvers.multilevel`) where ``config.multilevel``."""
-    return [multilevel.solve(problem, config)] if config.multilevel else []
+    return [multilevel.solve(problem, config, deadline=deadline)] if config.multilevel else []
 
 
-def known_plans(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+def chained(problem: Problem, config: SolverConfig) -> bool:
+    """Whether the flat search's portfolio runs the chain model: from
+    ``CHAIN_MIN_CANDIDATES`` candidates, and not under ``config.deterministic``, where
+    it would count every span's searches against the limit, on a problem the flat search
+    plans well (:func:`known_plans`)."""
+    return len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic
+
+
+def known_plans(problem: Problem, config: SolverConfig, deadline: Deadline | None = None) -> list[SolveResult]:
     """Plans found without the flat search, each judged by the checker: the checkpointing
     baselines (:func:`checkpointing`), the multi-level plan (:func:`grouped`) and, on
     problems of at least ``CHAIN_MIN_CANDIDATES`` candidates, the chain model's (:mod:`solvers.chain`), given
-    ``CHAIN_SHARE`` of the time limit (not under ``config.deterministic``). A plan among them that fits the budget starts
-    every search, so no search ends on a plan dearer than one of them."""
-    out = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config)]
+    ``CHAIN_SHARE`` of the time limit (:func:`chained`). A plan among them that fits the budget starts
+    every search, so no search ends on a plan dearer than one of them. Within ``deadline``
+    (made from ``config`` where not given)."""
+    deadline = deadline or Deadline.of(config)
+    out = [*checkpointing(problem, config), *hosted(problem, config), *grouped(problem, config, deadline)]
     out.extend(stated(problem))
-    # Not under ``config.deterministic``: every span would be planned (no wall-clock
-    # deadline), minutes on a 300-value graph.
-    if len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
-        out.append(chain.solve(problem, replace(config, time_limit=config.time_limit * CHAIN_SHARE),
-                               planner=PLANNER))
+    if chained(problem, config):
+        share = config.time_limit * CHAIN_SHARE
+        out.append(chain.solve(problem, replace(config, time_limit=share), planner=PLANNER,
+                               deadline=deadline.part(share)))
     return out
 
 
-def least_peak_unlinked(problem: Problem, config: SolverConfig) -> list[SolveResult]:
+def least_peak_unlinked(problem: Problem, config: SolverConfig, deadline: Deadline) -> list[SolveResult]:
     """Where ``problem`` has a host link: the least-peak plan without it, searched for with
     ``RECOMPUTE_FIRST_SHARE`` of the time limit and judged against ``problem`` (status
-    FEASIBLE: least without offload, not proven least with it); else none."""
+    FEASIBLE: least without offload, not proven least with it); else none. Within ``deadline``."""
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return []
-    found = min_feasible_peak(replace(problem, host_bandwidth=0.0),
-                              replace(config, time_limit=config.time_limit * RECOMPUTE_FIRST_SHARE))
+    share = config.time_limit * RECOMPUTE_FIRST_SHARE
+    found = min_feasible_peak(replace(problem, host_bandwidth=0.0), replace(config, time_limit=share),
+                              deadline=deadline.part(share))
     if found.plan is None:
         return []
     report = check(problem, found.plan)
     return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time)]
 
 
-def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Chain | None = None
-                      ) -> list[SolveResult]:
+def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Chain | None = None,
+                      deadline: Deadline | None = None) -> list[SolveResult]:
     """:func:`known_plans`' least-peak plans and the one behind a smallest budget stated
-    before (:func:`stated`), each judged against ``problem``'s budget. ``built``: the
-    problem's chain model, already built (its least peak is then taken with the whole of
-    ``config``'s time limit)."""
+    before (:func:`stated`), each judged against ``problem``'s budget, within ``deadline``
+    (made from ``config`` where not given). ``built``: the problem's chain model, already
+    built (its least peak is then taken with what is left of ``deadline``)."""
+    deadline = deadline or Deadline.of(config)
     unbudgeted = problem.with_budget(None)
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
     plans += [r.plan for r in hosted(unbudgeted, config)]
     if config.multilevel:
-        plans.append(multilevel.min_peak(unbudgeted, config).plan)
+        plans.append(multilevel.min_peak(unbudgeted, config, deadline=deadline).plan)
     if built is not None:
-        plans.append(chain.min_peak(unbudgeted, config, chain=built).plan)
-    elif len(problem.candidates) >= CHAIN_MIN_CANDIDATES and not config.deterministic:
-        plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=config.time_limit * CHAIN_SHARE),
-                                    planner=PLANNER).plan)
+        plans.append(chain.min_peak(unbudgeted, config, chain=built, deadline=deadline).plan)
+    elif chained(problem, config):
+        # Beside the flat search, ``CHAIN_SHARE`` of the time limit; from
+        # ``CHAIN_ONLY_CANDIDATES``, where the flat search does not run, what is left.
+        flat = len(problem.candidates) < CHAIN_ONLY_CANDIDATES
+        share = config.time_limit * CHAIN_SHARE if flat else deadline.left()
+        plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=share), planner=PLANNER,
+                                    deadline=deadline.part(share)).plan)
     out = []
     for plan in plans:
         if plan is not None:

@@ -36,6 +36,7 @@ from ortools.sat.python import cp_model
 
 from solvers import planner
 from solvers.checker import check
+from solvers.deadline import Deadline
 from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
@@ -108,7 +109,8 @@ def solve_watched(
     """
     restore_sigint()
     t0 = time.perf_counter()
-    known = planner.known_only(problem, config)
+    deadline = Deadline.of(config)  # one for every stage below
+    known = planner.known_only(problem, config, deadline=deadline)
     if known is not None:
         return Watched(known, False, None)
     first: list[Plan] = []  # the best plan of the local search before CP-SAT (single-phase)
@@ -119,7 +121,7 @@ def solve_watched(
             on_progress(Incumbent(seconds, 0.0, time.perf_counter() - t0, 0))
 
     try:
-        model, solver = planner.prepare(problem, config, on_best=local_best)
+        model, solver = planner.prepare(problem, config, on_best=local_best, deadline=deadline)
     except KeyboardInterrupt:  # during that search: its best plan, as CP-SAT's would be
         if not first:
             raise
@@ -132,7 +134,7 @@ def solve_watched(
     def run() -> None:
         try:
             codes.append(search(solver, model.cp, config, watcher,
-                                seeded=getattr(model, "seed", None) is not None))
+                                seeded=getattr(model, "seed", None) is not None, deadline=deadline))
         except BaseException as e:  # re-raised in the calling thread
             errors.append(e)
         finally:
@@ -162,7 +164,7 @@ def solve_watched(
     if errors:
         raise errors[0]
     result = planner.finish(problem, config, model, solver, codes[0], started=t0, stalled=watcher.stalled,
-                          interrupted=interrupted)
+                            interrupted=interrupted, deadline=deadline)
     return Watched(result, interrupted, model)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from solvers.checker import Report
+from solvers.deadline import Deadline
 from solvers.plan import Plan
 from solvers.problem import Problem
 
@@ -102,10 +103,18 @@ class Solver(Protocol):
     def __call__(self, problem: Problem, config: SolverConfig, /) -> SolveResult: ...
 
 
+class Planned(Protocol):
+    """One of the planner's entry points: a solver that also takes the ``deadline`` of the
+    solve it is part of (:mod:`solvers.deadline`), whose work it counts."""
+
+    def __call__(self, problem: Problem, config: SolverConfig, /, *,
+                 deadline: Deadline | None = None) -> SolveResult: ...
+
+
 class Planner(NamedTuple):
     """The planner's two entry points (:mod:`solvers.planner`), handed to a solver that
     plans parts of a problem with the whole portfolio, as the chain model plans its
     segments: the planner runs that solver, so that solver cannot import the planner."""
 
-    solve: Solver  # the cheapest plan within the problem's budget
-    min_feasible_peak: Solver  # the plan of least peak
+    solve: Planned  # the cheapest plan within the problem's budget
+    min_feasible_peak: Planned  # the plan of least peak

@@ -1,5 +1,6 @@
-"""CP-SAT plumbing every search shares: the configured solver, the time left of a limit,
-bounds in seconds, search statistics. Imports none of the solvers."""
+"""CP-SAT plumbing every search shares: the configured solver, its limit within a solve's
+deadline (:mod:`solvers.deadline`) and its work counted there, bounds in seconds, search
+statistics. Imports none of the solvers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from ortools.sat.python import cp_model
 
 from solvers.checker import check
+from solvers.deadline import Deadline
 from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import SolverConfig, SolveResult, Status
@@ -21,6 +23,10 @@ PORTFOLIO_WORKERS = 8  # CP-SAT search workers when the config says 0
 # extra workers would only share (CP-SAT itself rejects its model above 10000).
 MAX_WORKERS = 1024
 MAX_SEED = 2**31 - 1  # CP-SAT's random_seed is a 32-bit int
+# Seconds a CP-SAT solve gets at least where a deadline leaves less: with none it returns no
+# plan, not even its hint's (a 45-decision span at checkpointing's peak: UNKNOWN at 0 and
+# 0.01 s, its hint's plan at 0.05 s).
+LEAST_SOLVE = 0.05
 
 
 def make_solver(config: SolverConfig) -> cp_model.CpSolver:
@@ -59,13 +65,19 @@ def spent(config: SolverConfig, started: float, work: float) -> float:
     return work if config.deterministic else time.perf_counter() - started
 
 
-def rest(config: SolverConfig, started: float) -> float:
-    """What is left of the time limit since ``started`` (0.1 s at least); under
-    ``config.deterministic`` the whole limit (each solve counts its own work, not the wall
-    clock)."""
-    if config.deterministic:
-        return config.time_limit
-    return max(0.1, config.time_limit - (time.perf_counter() - started))
+def within(solver: cp_model.CpSolver, config: SolverConfig, deadline: Deadline, seconds: float = math.inf) -> None:
+    """Stop ``solver`` at ``seconds`` or at what is left of ``deadline``, whichever is less
+    (``LEAST_SOLVE`` at least)."""
+    limit(solver, config, max(LEAST_SOLVE, min(seconds, deadline.left())))
+
+
+def solved(solver: cp_model.CpSolver, cp: cp_model.CpModel, deadline: Deadline,
+           callback: cp_model.CpSolverSolutionCallback | None = None) -> cp_model.CpSolverStatus:
+    """``solver.solve(cp)``, its deterministic seconds counted against ``deadline``."""
+    try:
+        return solver.solve(cp, callback) if callback is not None else solver.solve(cp)
+    finally:
+        deadline.count(solver.deterministic_time)
 
 
 def make_peak_solver(config: SolverConfig) -> cp_model.CpSolver:
@@ -125,15 +137,20 @@ class Watch(cp_model.CpSolverSolutionCallback):
 
 def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig,
            watch: Watch | None = None, *, seeded: bool = False,
-           tick: float = 0.1) -> cp_model.CpSolverStatus:
+           tick: float = 0.1, deadline: Deadline | None = None) -> cp_model.CpSolverStatus:
     """``solver.solve(cp)``, stopped once ``config.stall_time`` seconds pass after the last
     better plan (never before the first; ``seeded``: a plan is in hand from the start, the
     seed the model is hinted with, which CP-SAT may never report as its own). CP-SAT has
     no such limit of its own: a thread beside the search watches the incumbents and calls
     ``stop_search``. Not under ``config.deterministic``: when a wall-clock watch stops the
-    search depends on the load."""
-    if config.stall_time <= 0 or config.deterministic:
+    search depends on the load. Its deterministic seconds count against ``deadline``."""
+    def run() -> cp_model.CpSolverStatus:
+        if deadline is not None:
+            return solved(solver, cp, deadline, watch)
         return solver.solve(cp, watch) if watch is not None else solver.solve(cp)
+
+    if config.stall_time <= 0 or config.deterministic:
+        return run()
     watch = watch if watch is not None else Watch()
     done = threading.Event()
 
@@ -150,7 +167,7 @@ def search(solver: cp_model.CpSolver, cp: cp_model.CpModel, config: SolverConfig
     guard = threading.Thread(target=stop_when_stalled, name="cpsat-stall", daemon=True)
     guard.start()
     try:
-        return solver.solve(cp, watch)
+        return run()
     finally:
         done.set()
         guard.join()

@@ -23,7 +23,7 @@ import pytest
 TORCH_FREE = frozenset({
     "test_anywhere.py", "test_baselines.py", "test_bound.py", "test_checker.py", "test_cpsat.py",
     "test_determinism.py", "test_free.py", "test_importers.py", "test_io.py", "test_layers.py",
-    "test_local.py", "test_problem.py", "test_stall.py", "test_window.py",
+    "test_local.py", "test_problem.py", "test_stall.py", "test_time_bounds.py", "test_window.py",
 })
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

@@ -135,3 +135,40 @@ def loss_head() -> Problem:
         node("g", 3, 5, size=2, backward=True, overwrites=3, overwrites_copies=frozenset({Copy.FORWARD})),  # 6
         node("gh", 0, 6, size=1, backward=True, keep=True),  # 7
     )
+
+
+# One transformer layer in miniature, in order: (name, inputs by name, size, seconds). "x"
+# is the layer's input, the residual stream; "h" and "out" end its two segments.
+LAYER = (
+    ("n1", ("x",), 4, 0.1), ("q", ("n1",), 4, 1.0), ("k", ("n1",), 4, 1.0), ("v", ("n1",), 4, 1.0),
+    ("sc", ("q", "k"), 16, 2.0), ("p", ("sc",), 16, 0.2), ("att", ("p", "v"), 4, 2.0), ("o", ("att",), 4, 1.0),
+    ("h", ("x", "o"), 4, 0.1), ("n2", ("h",), 4, 0.1), ("up", ("n2",), 11, 3.0), ("gate", ("n2",), 11, 3.0),
+    ("act", ("gate",), 11, 0.2), ("m", ("act", "up"), 11, 0.2), ("down", ("m",), 4, 3.0), ("out", ("h", "down"), 4, 0.1),
+)
+
+
+def layers(n: int, *, unit: int = 2**20, host_bandwidth: float = 0.0) -> Problem:
+    """``n`` transformer layers (``LAYER``, sizes in ``unit`` bytes) and autograd's
+    mirror: each value's gradient reads the value's inputs and its users' gradients;
+    the input's gradient is kept. Two segments per layer, as a traced Llama has, and 16
+    values to decide in each: 1,000 decisions from 63 layers."""
+    nodes = [node("x0", size=4 * unit, time=0.0, resident=True)]
+    x = 0
+    for layer in range(n):
+        at = {"x": x}
+        for name, reads, size, seconds in LAYER:
+            at[name] = len(nodes)
+            nodes.append(node(f"{name}{layer}", *(at[r] for r in reads), size=size * unit, time=seconds))
+        x = at["out"]
+    forward = len(nodes)
+    users: dict[int, list[int]] = {v: [] for v in range(forward)}
+    for v, n_ in enumerate(nodes):
+        for d in n_.deps:
+            users[d].append(v)
+    grad: dict[int, int] = {}
+    for v in reversed(range(forward)):
+        deps = sorted({*nodes[v].deps, *(grad[u] for u in users[v])})
+        grad[v] = len(nodes)
+        nodes.append(node(f"g_{nodes[v].name}", *deps, size=nodes[v].size, time=nodes[v].time,
+                          backward=True, keep=v == 0))
+    return P(*nodes, host_bandwidth=host_bandwidth)

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "solvers"
 # checker, the result types, the CP-SAT plumbing and what several solvers share.
 LEAVES = frozenset({
     "solvers.problem", "solvers.plan", "solvers.checker", "solvers.result", "solvers.sat",
-    "solvers.floor", "solvers.segments",
+    "solvers.floor", "solvers.segments", "solvers.deadline",
 })
 
 

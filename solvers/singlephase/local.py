@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from solvers.checker import Report, check, value_intervals
+from solvers.deadline import VALUES_PER_SECOND  # the checker's pace: a time limit as work
 from solvers.plan import Decision, Plan, Step
 from solvers.problem import Problem
 
@@ -45,10 +46,6 @@ RUIN_MAX = 6  # recomputations a random ruin drops, at most
 WINDOW = 20  # a window ruin spans up to 1/WINDOW of the steps either side
 NOISE = 0.5  # the repair's ranking is scaled by a factor in [1, 1 + NOISE)
 PATIENCE = 200  # moves without a better plan before the search stops
-# The checker's pace inside the search, in values replayed per second (random layered
-# graphs of 100-1000 values at 80-90% budgets, one core: 0.58-0.84 million): turns a time
-# limit into a count of work when the search must not depend on the clock.
-VALUES_PER_SECOND = 700_000
 
 
 @dataclass

@@ -1,0 +1,172 @@
+"""Every planner path ends within its time limit plus ``OVERHEAD``: the chain route of a
+large problem, its infeasible budget and least peak, the chain model and the multi-level
+plans alone, the flat search, its infeasible budget and least peak; under
+``deterministic`` the work counted (:mod:`solvers.deadline`) ends within the limit plus
+``WORK_OVERHEAD``, the same from run to run. The problems are ``tests.graphs.layers``:
+64 layers make the 1,000 decisions of the chain route, 24 the flat search's, and 160 a
+chain of segments whose multi-level model takes seconds to split."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import numpy as np
+import pytest
+
+from solvers import (
+    InfeasibleBudgetError,
+    Problem,
+    SolverConfig,
+    SolveResult,
+    chain,
+    multilevel,
+    planner,
+)
+from solvers.baselines import checkpoint_every, save_all
+from solvers.deadline import VALUES_PER_SECOND, Deadline
+from solvers.floor import baseline
+from tests.graphs import layers
+
+LIMIT = 2.0  # seconds each path is given
+# Seconds past the limit a path may take: the work that runs once whatever is left (the
+# checkpointing baselines, one split of the multi-level model and its plan, the chain's
+# reference plan composed and judged, each CP-SAT model built and a solve's least share,
+# one program of the step relaxation), up to 1.4 s on these problems on a 2-core machine
+# at a load of 3-5, and as much again for a busier one.
+OVERHEAD = 3.0
+WORK_LIMIT = 0.1  # deterministic seconds of work a deterministic solve is given
+# Deterministic seconds past a deterministic limit: CP-SAT's least share of a solve begun
+# before the limit (solvers.sat.LEAST_SOLVE) and the checker's replays of the last plans.
+WORK_OVERHEAD = 0.2
+
+
+@cache
+def large() -> Problem:
+    """The chain route's problem (solvers.planner.CHAIN_ONLY_CANDIDATES decisions and up)."""
+    p = layers(64)
+    assert len(p.candidates) >= planner.CHAIN_ONLY_CANDIDATES
+    return p
+
+
+@cache
+def long() -> Problem:
+    """320 segments: each split of the multi-level model, O(n²) array operations, takes
+    about 0.3 s."""
+    return layers(160)
+
+
+@cache
+def flat() -> Problem:
+    """The flat search's problem, large enough that the chain model runs beside it."""
+    p = layers(24)
+    assert planner.CHAIN_MIN_CANDIDATES <= len(p.candidates) < planner.CHAIN_ONLY_CANDIDATES
+    return p
+
+
+def every_peak(p: Problem) -> int:
+    report = checkpoint_every(p).report
+    assert report is not None
+    return report.peak
+
+
+def below_every_plan(p: Problem) -> int:
+    """A budget below what every plan holds at some step: the chain route finds no plan,
+    the flat search proves there is none; both then search for the least peak."""
+    return max(baseline(p)) // 2
+
+
+@contextmanager
+def ends_in_time(limit: float = LIMIT) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    took = time.perf_counter() - t0
+    assert took <= limit + OVERHEAD, f"{took:.2f} s for a {limit:g} s limit"
+
+
+def outcome(run: Callable[[], SolveResult]) -> SolveResult | InfeasibleBudgetError:
+    try:
+        return run()
+    except InfeasibleBudgetError as e:
+        return e
+
+
+PATHS: dict[str, Callable[[SolverConfig], SolveResult]] = {
+    "chain route": lambda c: planner.solve(large().with_budget(every_peak(large())), c),
+    "chain route, budget below every plan": lambda c: planner.solve(large().with_budget(below_every_plan(large())), c),
+    "chain route, least peak": lambda c: planner.min_feasible_peak(large(), c),
+    "chain model alone": lambda c: chain.solve(large().with_budget(every_peak(large())), c, planner=planner.PLANNER),
+    "multi-level alone": lambda c: multilevel.solve(long().with_budget(every_peak(long()) // 2), c),
+    "multi-level least peak": lambda c: multilevel.min_peak(long(), c),
+    "flat search": lambda c: planner.solve(flat().with_budget(every_peak(flat()) * 3 // 4), c),
+    "flat search, budget below every plan": lambda c: planner.solve(flat().with_budget(below_every_plan(flat())), c),
+    "flat search, least peak": lambda c: planner.min_feasible_peak(flat(), c),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_every_path_ends_within_its_time_limit(path: str) -> None:
+    """Before one deadline was handed down, at this limit: the chain route 4.7 s, its
+    infeasible budget 7.0 s and its least peak 5.8 s, the flat search's infeasible budget
+    6.0 s and the multi-level least peak 10.7 s (a 2-core machine at a load of 2-5)."""
+    with ends_in_time():
+        found = outcome(lambda: PATHS[path](SolverConfig(time_limit=LIMIT)))
+    if "below every plan" in path:
+        assert isinstance(found, InfeasibleBudgetError) and found.min_feasible is not None
+
+
+def test_a_deterministic_solve_counts_its_work_against_the_limit() -> None:
+    """Under ``deterministic`` every span's options were searched, whatever the limit
+    (29 s here); the work counted ends within the limit, and where it ends does not
+    depend on the clock: the same work and the same plan again."""
+    config = SolverConfig(time_limit=WORK_LIMIT, deterministic=True)
+    p = large().with_budget(every_peak(large()))
+    runs = []
+    for _ in range(2):
+        deadline = Deadline.of(config)
+        found = planner.solve(p, config, deadline=deadline)
+        assert deadline.spent() <= WORK_LIMIT + WORK_OVERHEAD
+        runs.append((deadline.spent(), found.plan))
+    assert runs[0] == runs[1]
+
+
+def test_a_part_ends_with_the_deadline_it_is_part_of() -> None:
+    whole = Deadline(1.0, deterministic=True)
+    part = whole.part(5.0)
+    assert part.seconds == 1.0
+    part.count(0.75)
+    assert whole.left() == pytest.approx(0.25) and part.left() == pytest.approx(0.25)
+    assert whole.part(0.1).left() == pytest.approx(0.1)
+    whole.count(0.5)
+    assert part.expired() and whole.part(1.0).seconds == 0.0
+
+
+def test_a_deterministic_deadline_counts_the_checkers_replays() -> None:
+    p = large()
+    deadline = Deadline(1.0, deterministic=True)
+    checkpoint_every(p)  # one checker replay of every value
+    assert deadline.spent() >= len(p.nodes) / VALUES_PER_SECOND
+
+
+def test_a_split_at_a_budget_above_everything_allocates_no_more_than_at_the_total() -> None:
+    """A budget far above every input's bytes (2**40 against 4 MiB boundaries) chooses the
+    split the budget of all bytes does, and takes no more memory to find it (the model's
+    arrays had a row per boundary's bytes of budget: 2**18 rows here)."""
+    p = layers(8)
+    measured = multilevel.measure(p)
+    assert measured is not None
+    measured.groups  # noqa: B018 (computed once, before counting the split's own arrays)
+    total = save_all(p).report.peak  # type: ignore[union-attr]
+    np_full = np.full
+    rows: list[int] = []
+
+    def counting(shape: tuple[int, ...], *args: object, **kwargs: object) -> np.ndarray:
+        rows.append(shape[0] if isinstance(shape, tuple) else shape)
+        return np_full(shape, *args, **kwargs)  # type: ignore[call-overload]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(multilevel.np, "full", counting)
+        assert multilevel.split(measured, 2.0**40) == multilevel.split(measured, float(total))
+    assert max(rows) <= sum(multilevel.input_units(measured)[1]) + 1
