@@ -17,12 +17,16 @@ fits. The traced problems have the H100 profile's 50 GB/s host link, so rematc m
 offload. With ``--offload-model``, that model at and below checkpointing's peak
 without the link (recomputation alone) against with it (recomputation and offload).
 With ``--bounds``, only what no plan can beat at those fractions of checkpointing's peak,
-with the link and without it (:mod:`solvers.bound`; seconds per model).
+with the link and without it (:mod:`solvers.bound`; seconds per model). With
+``--time-bounds``, only the wall seconds each planner path takes at the time limit, counting
+wall time and, with ``deterministic``, work (:mod:`solvers.deadline`), beside the machine's
+load (docs/solvers.md, "Time").
 
     python -m bench.scale --models llama2-7b --cache DIR
     python -m bench.scale --models llama2-7b llama2-70b llama3-405b llama3-405b-128k \\
         --offload-model llama2-70b --cache DIR --out docs/scale.md
     python -m bench.scale --bounds --models llama2-7b llama2-70b llama3-405b --cache DIR
+    python -m bench.scale --time-bounds --models llama2-70b --time-limit 20 --cache DIR
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from solvers import (
@@ -58,6 +63,9 @@ HOST_LINK = 50e9  # bytes/s each way: PCIe 5 x16 in practice
 FRACTIONS = (0.7, 0.3)  # of saving everything
 OF_CHECKPOINTING = (1.0, 0.75, 0.6, 0.5, 0.35)  # of checkpointing every segment
 OFFLOAD_AT = (1.0, 0.75, 0.6, 0.5, 0.45)  # of checkpointing every segment, for --offload-model
+# Of checkpointing every segment's peak, for --time-bounds: below every plan found on the 70B
+# (a quarter of it is not: the multi-level plans go lower), so the error's explanation runs.
+INFEASIBLE_AT = 1 / 8
 MIB = 2**20
 
 
@@ -208,6 +216,54 @@ def run_bounds(key: str, args: argparse.Namespace, out: list[str]) -> None:
     out.append("")
 
 
+def outcome(run: Callable[[], SolveResult]) -> str:
+    """What one planner path ended with: its status and added ms, or the least peak an
+    infeasible budget's error stated."""
+    try:
+        r = run()
+    except InfeasibleBudgetError as e:
+        return "infeasible" + (f", least found {e.min_feasible / MIB:,.0f} MiB" if e.min_feasible else "")
+    if r.report is None:
+        return r.status.value
+    return f"{r.status.value}, {ms(r.report.added_time)} ms added, peak {r.report.peak / MIB:,.0f} MiB"
+
+
+def time_paths(problem: Problem, budget: int, config: SolverConfig) -> list[tuple[str, Callable[[], SolveResult]]]:
+    """Every planner path, by name, at ``budget`` (checkpointing every segment's peak)."""
+    low = int(budget * INFEASIBLE_AT)
+    return [
+        ("rematc at checkpointing's peak", lambda: planner.solve(problem.with_budget(budget), config)),
+        (f"rematc at {INFEASIBLE_AT:g} of it", lambda: planner.solve(problem.with_budget(low), config)),
+        ("least peak", lambda: planner.min_feasible_peak(problem, config)),
+        ("chain model alone", lambda: chain.solve(problem.with_budget(budget), config, planner=planner.PLANNER)),
+        ("multi-level alone, at half of it", lambda: multilevel.solve(problem.with_budget(budget // 2), config)),
+        ("multi-level least peak", lambda: multilevel.min_peak(problem, config)),
+    ]
+
+
+def run_time_bounds(key: str, args: argparse.Namespace, out: list[str]) -> None:
+    """The wall seconds of every planner path at ``args.time_limit``, counting wall time and
+    work (``deterministic``), each beside the machine's load average over the minute before."""
+    problem = grads_in_place(traced(key, args.cache)[0])
+    every = checkpoint_every(problem).report
+    assert every is not None
+    out += [f"### {key}: time bounds", "",
+            f"{len(problem.candidates):,} decisions; checkpointing every segment peaks at {every.peak / MIB:,.0f} MiB; "
+            f"time limit {args.time_limit:g} s.", "",
+            "| path | limit counts | wall s | load | outcome |", "|---|---|---:|---:|---|"]
+    for deterministic in (False, True):
+        config = SolverConfig(time_limit=args.time_limit, deterministic=deterministic)
+        for name, run in time_paths(problem, every.peak, config):
+            planner.forget_stated()  # each path from scratch, not from a plan an error stated before
+            load = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            ended = outcome(run)
+            out.append(f"| {name} | {'work' if deterministic else 'wall time'} | {time.perf_counter() - t0:.1f} | "
+                       f"{load:.1f} | {ended} |")
+            print(out[-1], file=sys.stderr, flush=True)
+    out.append("")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["llama2-7b"])
@@ -217,6 +273,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the tables here (markdown)")
     parser.add_argument("--bounds", action="store_true",
                         help="only the lower bounds below checkpointing's peak (seconds per model)")
+    parser.add_argument("--time-bounds", action="store_true",
+                        help="only the wall seconds of every planner path at the time limit")
     parser.add_argument("--fractions", nargs="*", type=float, default=list(FRACTIONS),
                         help="budgets as fractions of saving everything's peak")
     parser.add_argument("--of-checkpointing", nargs="*", type=float, default=list(OF_CHECKPOINTING),
@@ -224,7 +282,7 @@ def main() -> None:
     args = parser.parse_args()
     out = [f"Machine: {os.cpu_count()} cores; time limit {args.time_limit:g} s per plan.", ""]
     for key in args.models:
-        (run_bounds if args.bounds else run_model)(key, args, out)
+        (run_time_bounds if args.time_bounds else run_bounds if args.bounds else run_model)(key, args, out)
     text = "\n".join(out)
     print(text)
     if args.out:
