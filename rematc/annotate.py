@@ -197,15 +197,22 @@ def _cost(
     )
 
 
-# Backward kernels whose scratch memory is measured (:func:`workspaces`). Each returns
+# The eager route's dropout, or Inductor's with fallback_random: on the CPU it draws its
+# mask, and its backward scales the gradient, through an input-sized temporary (and two
+# 0-d scalars), 64 KiB beside a 64 KiB output.
+CPU_DROPOUT = frozenset({_aten.native_dropout.default, _aten.native_dropout_backward.default})
+# Kernels whose scratch memory is measured (:func:`workspaces`). The backward ones return
 # several gradients, so the capture can hand its outputs to values of their own and count
-# the scratch while it runs only (``rematc.capture.split_elements``). On the CPU they
-# allocate it through PyTorch's allocator, in amounts that depend on the shapes, the
-# layout, the thread count and the instruction set, so they are run once to see it.
+# the scratch while it runs only (``rematc.capture.split_elements``); dropout's forward
+# elements are values of their own too, and its backward's scratch is counted while its
+# one output lives. On the CPU they allocate it through PyTorch's allocator, in amounts
+# that depend on the shapes, the layout, the thread count and the instruction set, so
+# they are run once to see it.
 PROBED = frozenset({
     _aten.convolution_backward.default,  # oneDNN: the weight's gradient blocked, a scratchpad
     _aten.native_batch_norm_backward.default,  # an input-sized buffer (eager route)
     _SDPA_CPU_BWD,  # per-thread accumulators
+    *CPU_DROPOUT,
 })
 # Measured workspaces by call (:func:`_call`, as JSON): each distinct call runs once a process.
 _WORKSPACES: dict[str, int] = {}
@@ -247,24 +254,49 @@ LOW_PRECISION_MATMULS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.
 LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
 
 
-def transient_scratch(nodes: Sequence[fx.Node]) -> int:
+# An ATen op given a Python number for a Tensor or Scalar parameter wraps it in a 0-d
+# tensor (a double or an int64: 8 bytes) and, on the CPU, casts that to the op's dtype
+# while it runs (up to 8 more): ``x * 1.5`` allocates 12 bytes beside a float32 output,
+# 10 beside a bfloat16 one. Only ATen's kernels do (the eager route's); Inductor's own take
+# the number as a constant.
+WRAPPED_SCALAR_BYTES = 16
+
+
+def wrapped_scalars(node: fx.Node) -> int:
+    """The Python numbers ``node`` passes for Tensor or Scalar parameters of its op."""
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
+        return 0
+    params = node.target._schema.arguments
+    given = [*zip(params, node.args, strict=False),
+             *((p, node.kwargs[p.name]) for p in params if p.name in node.kwargs)]
+    return sum(isinstance(value, (bool, int, float)) and isinstance(p.type, (torch.TensorType, torch.NumberType))
+               for p, value in given)
+
+
+def transient_scratch(nodes: Sequence[fx.Node], *, scalars: bool = False) -> int:
     """The most scratch memory one op of ``nodes`` allocates beside its outputs while it
-    runs, among the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16:
-    measured once per distinct call, as :func:`workspaces` measures its kernels. Only one
-    op runs at a time, so a step that keeps this much room holds whichever runs at its
-    peak. 0 where there are none; a call that cannot be measured counts nothing, with a
-    warning."""
-    calls: set[str] = set()
+    runs: the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16,
+    measured once per distinct call, as :func:`workspaces` measures its kernels, and with
+    ``scalars`` (ATen's kernels run the ops) the CPU ops' :func:`wrapped_scalars`, at
+    :data:`WRAPPED_SCALAR_BYTES` each. Only one op runs at a time, so a step that keeps
+    this much room holds whichever runs at its peak. 0 where there are none; a call that
+    cannot be measured counts nothing, with a warning."""
+    calls: dict[fx.Node, str] = {}
+    wrapped: dict[fx.Node, int] = {}
     for node in nodes:
         outs = tensors(node.meta.get("val"))
-        if (node.target in LOW_PRECISION_MATMULS and outs and outs[0].device.type == "cpu"
-                and outs[0].dtype in LOW_PRECISION):
+        if not outs or outs[0].device.type != "cpu":
+            continue
+        if scalars and wrapped_scalars(node):
+            wrapped[node] = WRAPPED_SCALAR_BYTES * wrapped_scalars(node)
+        if node.target in LOW_PRECISION_MATMULS and outs[0].dtype in LOW_PRECISION:
             try:
-                calls.add(_call(node, channels_last=False))
+                calls[node] = _call(node, channels_last=False)
             except TypeError as e:
                 log.warning("rematc: the scratch memory of %s is not measured: %s", node.format_node(), e)
-    _measure_missing(calls)
-    return max((_WORKSPACES[c] for c in calls if c in _WORKSPACES), default=0)
+    _measure_missing(calls.values())
+    return max((_WORKSPACES.get(calls.get(n, ""), 0) + wrapped.get(n, 0) for n in {*calls, *wrapped}),
+               default=0)
 
 
 def _measure_missing(calls: Iterable[str]) -> None:

@@ -680,7 +680,7 @@ def capture_prepared(joint: fx.GraphModule, device: DeviceProfile, *, fuses: boo
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
                            host_bandwidth=device.host_bandwidth, name=name, inductor=fuses)
-        scratch = transient_scratch(list(joint.graph.nodes))
+        scratch = transient_scratch(list(joint.graph.nodes), scalars=not fuses)
     warn_fallback_costs(costs, joint)
     return replace(captured, scratch=scratch) if scratch else captured
 
