@@ -239,6 +239,7 @@ class Source(NamedTuple):
     text: str  # the forward's definition
     modules: dict[str, str]  # attribute -> "linear" or "batchnorm"
     inputs: tuple[str, ...]  # the forward's parameters
+    returns_grad_input: bool  # an output is ``x`` itself, which requires grad
 
 
 def forward_source(case: Case) -> Source:
@@ -294,7 +295,8 @@ def forward_source(case: Case) -> Source:
     if case.int_output:
         outs.append("v0.shape[1] // 2")
     lines.append(f"    return ({', '.join(outs)},)")
-    return Source("\n".join(lines) + "\n", modules, inputs)
+    returns_x = case.x_grad and any(base[k % len(base)] == 0 for k in case.outputs)
+    return Source("\n".join(lines) + "\n", modules, inputs, returns_x)
 
 
 def source_filename(source: Source) -> str:
@@ -474,8 +476,12 @@ def compile_and_check(case: Case, expected: Step, budget: int | float | None, la
         return Compiled([Finding("error", label, "the rematc partitioner did not run")], [])
     wrong = differences(expected, got, **_tolerances(case)._asdict())
     findings: list[Finding] = []
-    # A budget shared by graphs is the step's, not one graph's: not measured.
-    held = held_budget(budget, records[-1], [w.category for w in caught]) if single else None
+    # A budget shared by graphs is the step's, not one graph's: not measured. Nor where an
+    # output is an input that requires grad: autograd adds the gradient it gets to the
+    # compiled backward's own for that input outside the graphs (512 B over a 3,712 B step,
+    # x returned twice; docs/reliability.md, "Fuzzing").
+    measurable = single and not forward_source(case).returns_grad_input
+    held = held_budget(budget, records[-1], [w.category for w in caught]) if measurable else None
     if isinstance(budget, int) and single:
         findings += [Finding("prediction", label,
                              f"predicted peak {r.predicted_peak} B over the budget {r.budget} B")
@@ -484,7 +490,11 @@ def compile_and_check(case: Case, expected: Step, budget: int | float | None, la
         model.zero_grad(set_to_none=True)  # frees before the measured step, not in it
         for t in inputs:
             t.grad = None
-        seeds = gradient_seeds(case)
+        # In the outputs' dtypes, as a step receives its gradients from autograd's nodes:
+        # torch.autograd.backward casts a gradient of another dtype and holds the cast to
+        # the end of the backward, beside the model (256 B over a 1,824 B bf16 step).
+        seeds = [s.to(o.dtype) if isinstance(o := got.outputs[f"output {k}"], Tensor) else s
+                 for k, s in enumerate(gradient_seeds(case))]
         peak = profiler_peak(lambda: backward_step(compiled, inputs, seeds, autocast=case.autocast))
         allowed = held if case.compiler == "eager" else int(held * (1 + INDUCTOR_PEAK_TOLERANCE))
         if peak > allowed:
