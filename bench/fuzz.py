@@ -710,10 +710,14 @@ def baseline_backend(compiler: str) -> Any:
 
 
 def same_random_as_eager(case: Case) -> contextlib.AbstractContextManager[object]:
-    """Inductor drawing dropout masks with eager's generator (the eager route does); not
-    on the eager route, where the option changes the graph (``native_dropout`` is kept)."""
+    """Inductor drawing dropout masks with eager's generator (the eager route does), in
+    eager's order; not on the eager route, where the option changes the graph
+    (``native_dropout`` is kept). Inductor's peak-memory reordering moves independent
+    ``native_dropout`` fallbacks, which draw from that generator, out of program order
+    (pytorch/pytorch#192635): a plan's forward, saving other values, had two dropouts'
+    masks swapped."""
     if case.compiler == "inductor":
-        return torch._inductor.config.patch(fallback_random=True)
+        return torch._inductor.config.patch(fallback_random=True, reorder_for_peak_memory=False)
     return contextlib.nullcontext()
 
 
