@@ -88,6 +88,22 @@ def test_a_malformed_budget_in_the_environment_names_the_variable(monkeypatch: p
         rematc.Options.from_mapping(None)
 
 
+def hand_written_steps(model: Any, optimizer: torch.optim.Optimizer,
+                       backward: Any) -> list[float]:
+    """:data:`STEPS` optimizer steps of a training loop written by hand, the loss's
+    backward run by ``backward`` (the trainer's own); their losses."""
+    data = Tokens()
+    losses = []
+    for step in range(STEPS):
+        batch = data[2 * step]["input_ids"][None].repeat(2, 1)
+        loss = model(input_ids=batch, labels=batch).loss
+        backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def accelerate_losses(model: Any, *, compiled: bool, regions: bool = False) -> list[float]:
     accelerate = pytest.importorskip("accelerate")
     accelerator = accelerate.Accelerator(cpu=True)
@@ -100,16 +116,7 @@ def accelerate_losses(model: Any, *, compiled: bool, regions: bool = False) -> l
     elif compiled:
         model = rematc.compile(model, budget=BUDGET, compiler="eager", cache_dir=None)
     model, optimizer = accelerator.prepare(model, optimizer)
-    data = Tokens()
-    losses = []
-    for step in range(STEPS):
-        batch = data[2 * step]["input_ids"][None].repeat(2, 1)
-        loss = model(input_ids=batch, labels=batch).loss
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return hand_written_steps(model, optimizer, accelerator.backward)
 
 
 @pytest.mark.parametrize("regions", [False, True], ids=["whole", "compile_regions"])
@@ -171,16 +178,7 @@ def fabric_losses(model: Any, *, compiled: bool) -> list[float]:
     if compiled:
         model = rematc.compile(model, budget=BUDGET, compiler="eager", cache_dir=None)
     model, optimizer = fabric.setup(model, optimizer)
-    data = Tokens()
-    losses = []
-    for step in range(STEPS):
-        batch = data[2 * step]["input_ids"][None].repeat(2, 1)
-        loss = model(input_ids=batch, labels=batch).loss
-        fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return hand_written_steps(model, optimizer, fabric.backward)
 
 
 def test_lightning_fabric_trains_the_compiled_model_within_its_budget() -> None:
