@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -41,14 +42,16 @@ from rematc.partition import (
     BudgetWarning,
     PartitionRecord,
     RematPartitioner,
+    drop_record,
     graph_name,
     keep_in_hand,
 )
-from rematc.regions import block_calls, cached_survey, mark_regions
+from rematc.regions import block_calls, block_index, cached_survey, mark_regions
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
 from solvers.budget import Budget
+from solvers.mix import need
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +93,76 @@ class Backend:
             # planned: the model around the blocks is little compute and much compile time.
             options = dataclasses.replace(options, compiler="eager")
         partitioner = RematPartitioner(options, self.share)
+        # A regional block's calls are told apart by its index: they may run different plans.
+        partitioner.mixes = self.regions and calls is not None and calls > 1
         if options.compiler == "inductor":
             compiled = self._inductor(gm, example_inputs, partitioner)
         else:
-            # Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner,
-            # no codegen (what the aot_eager backend does, with our partitioner).
-            eager = aot_autograd(
-                fw_compiler=_boxed_eager,
-                bw_compiler=_boxed_eager,
-                partition_fn=partitioner,
-                keep_inference_input_mutations=True,
-            )
-            compiled = eager(gm, example_inputs)
+            compiled = _eager(gm, example_inputs, partitioner)
         record = partitioner.record
-        return watching(compiled, self.flight, graph_name(record.graph if record is not None else None),
-                        lambda: _figures(partitioner.record, partitioner.options))
+        name = graph_name(record.graph if record is not None else None)
+        watched = watching(compiled, self.flight, name,
+                           lambda: _figures(partitioner.record, partitioner.options))
+        if partitioner.mix is None:
+            return watched
+        return self._mixed(gm, example_inputs, partitioner, watched)
+
+    def _mixed(self, gm: fx.GraphModule, example_inputs: Sequence[Any], partitioner: RematPartitioner,
+               uniform: Callable[..., Any]) -> Callable[..., Any]:
+        """The regional block's graph compiled once per plan of the mix its partitioning
+        offered (``partitioner.mix``), and a function that runs, for each block, the plan
+        its index is given: the first ``counts[0]`` blocks the first (least-holding) plan,
+        and so on. ``uniform`` (one plan for every block, compiled already) is returned
+        instead where, under Inductor, the generated code of the mix's plans peaks so far
+        above their predictions that the mix no longer fits, and runs for a call outside
+        a marked block."""
+        mix = partitioner.mix
+        assert mix is not None
+        planned = partitioner.record
+        compiled, records = [], []
+        start = 0
+        for plan, count in zip(mix.plans, mix.counts, strict=True):
+            partitioner.fixed = plan
+            try:
+                if partitioner.options.compiler == "inductor":
+                    fn = self._compile_inductor(gm, example_inputs, partitioner)
+                else:
+                    fn = _eager(gm, example_inputs, partitioner)
+            finally:
+                partitioner.fixed = None
+            record = partitioner._amend(blocks=tuple(range(start, start + count)))
+            assert record is not None
+            start += count
+            compiled.append(watching(fn, self.flight, graph_name(record.graph),
+                                     functools.partial(_figures, record, partitioner.options)))
+            records.append(record)
+        # The code Inductor generated may peak above a plan's prediction: the mix holds
+        # only with those gaps counted.
+        tiers = [dataclasses.replace(t, forward=t.forward + _gap(r), backward=t.backward + _gap(r))
+                 for t, r in zip(mix.tiers, records, strict=True)]
+        needed = need(tiers, mix.counts, grads=mix.grads, reserve=mix.reserve)
+        if needed > mix.room:
+            log.info("rematc: the mix of plans needs %d B in the generated code, above its room of %d B: "
+                     "one plan for every block instead", needed, mix.room)
+            for record in records:
+                drop_record(record)
+            partitioner.record = planned
+            if planned is not None:
+                self.share.record(planned.graph, planned.holds * planned.calls)
+            return uniform
+        if planned is not None:
+            drop_record(planned)
+            self.share.record(planned.graph, sum(c * t.holds for t, c in zip(mix.tiers, mix.counts, strict=True)))
+        partitioner.record = records[-1]
+        runs = [k for k, count in enumerate(mix.counts) for _ in range(count)]
+
+        @functools.wraps(compiled[0])  # the calling convention Dynamo reads
+        def by_block(*args: Any, **kwargs: Any) -> Any:
+            index = block_index()
+            run = uniform if index is None or index >= len(runs) else compiled[runs[index]]
+            return run(*args, **kwargs)
+
+        return by_block
 
 
     def _inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
@@ -208,6 +266,25 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
+
+
+def _eager(gm: fx.GraphModule, example_inputs: Sequence[Any],
+           partitioner: RematPartitioner) -> Callable[..., Any]:
+    """Plain FX, run eagerly: AOTAutograd's functionalization and our partitioner, no
+    codegen (what the aot_eager backend does, with our partitioner)."""
+    eager = aot_autograd(
+        fw_compiler=_boxed_eager,
+        bw_compiler=_boxed_eager,
+        partition_fn=partitioner,
+        keep_inference_input_mutations=True,
+    )
+    return cast(Callable[..., Any], eager(gm, example_inputs))
+
+
+def _gap(record: PartitionRecord) -> int:
+    """Bytes the code Inductor generated for ``record``'s plan peaks above its
+    prediction; 0 off Inductor or below."""
+    return max(0, (record.generated_peak or 0) - record.predicted_peak)
 
 
 def _where(record: PartitionRecord) -> str:

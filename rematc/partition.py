@@ -68,6 +68,7 @@ from solvers import (
 )
 from solvers.baselines import free_values, greedy, plan_with
 from solvers.free import floor, least_peak_free, only_free
+from solvers.mix import Tier, best_mix
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,36 @@ class PartitionRecord:
     calls: int = 1
     step_budget: int | None = None
     grads: int = 0  # bytes of the parameters' gradients its backward produces
+    # In a mix of plans for a graph's calls (:class:`Mixed`): the calls, by position in the
+    # step (a regional block's index), that run this plan; () where every call runs it.
+    blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mixed:
+    """Plans for the calls of a graph that runs several times per step, each run by
+    ``counts[i]`` calls (the least-holding plan first: the first calls run it), chosen by
+    :func:`solvers.mix.best_mix` within ``room`` bytes (with ``grads`` and ``reserve`` as
+    it counted them) at ``time`` seconds added over all calls."""
+
+    plans: tuple[Plan, ...]
+    tiers: tuple[Tier, ...]
+    counts: tuple[int, ...]
+    room: int
+    grads: int
+    reserve: int
+    time: float
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
+
+
+def drop_record(record: PartitionRecord) -> None:
+    """Take ``record`` out of ``records()``: its plan was compiled but is not run."""
+    for i, r in enumerate(_RECORDS):
+        if r is record:
+            del _RECORDS[i]
+            return
 
 
 def records() -> list[PartitionRecord]:
@@ -274,6 +302,13 @@ SURVEY_MARGIN = 1.5
 # budget smaller by the last plan's excess (what it holds shrinks with the budget), or
 # halfway back up.
 CALL_ROUNDS = 6
+# A mix of plans for a graph's calls (RematPartitioner.mixed) is taken where it adds at
+# least this fraction less time than one plan for every call: each plan of a mix costs a
+# compile.
+MIX_GAIN = 0.05
+# Where between the least peak and the unconstrained one the budgets of the further plans
+# a mix is made from lie.
+MIX_STEPS = (0.25, 0.5, 0.75)
 # Rounds of :meth:`BudgetShare.smallest_step_budget`: each raises the figure; earlier graphs
 # hold at most their save-all bytes, so it stands within a few.
 MAX_STEP_ROUNDS = 8
@@ -376,6 +411,13 @@ class RematPartitioner(CustomPartitionerFn):
         # key in the share, kept so that a re-plan of it is not taken for a new graph.
         self.squeeze = 0
         self._graph: tuple[tuple[int, int] | None] | None = None
+        # Set by the backend for a graph whose calls it can tell apart (a regional block):
+        # the partitioning then also offers a mix of plans for them (``mix``, None where
+        # one plan for every call is as fast); ``fixed`` makes the next partitioning emit
+        # that plan instead of planning (one plan of the mix).
+        self.mixes = False
+        self.mix: Mixed | None = None
+        self.fixed: Plan | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RematPartitioner:
         return self
@@ -544,6 +586,58 @@ class RematPartitioner(CustomPartitionerFn):
             return Planned(fits, cached=False), fitted
         raise InfeasibleBudgetError(room, least, proven=False, plan=plan)
 
+    def mixed(self, problem: Problem, calls: int, uniform: Plan, *, reserve: int = 0,
+              grads: int = 0) -> Mixed | None:
+        """Plans for the ``calls`` calls of this graph that together add at least
+        :data:`MIX_GAIN` less time than ``uniform`` (the plan :meth:`room_for_calls` found
+        for all of them) within ``problem.budget``, as :func:`solvers.mix.best_mix` mixes
+        them; None where there are none. Offered: ``uniform``, saving everything, the
+        least-peak plan, the plan that holds least (every recomputable value recomputed),
+        and the plans for one call at budgets :data:`MIX_STEPS` of the way from the least
+        peak to the unconstrained one."""
+        room = problem.budget
+        assert room is not None
+        free = problem.with_budget(None)
+        full = save_all(free)
+        assert full.plan is not None and full.report is not None
+        plans = [uniform, full.plan,
+                 plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})]
+        least_peak = full.report.peak
+        try:  # a budget of 0 asks for the least-peak plan
+            plan_for(problem.with_budget(0), self.options)
+        except InfeasibleBudgetError as e:
+            if e.plan is not None:
+                plans.append(e.plan)
+                least_peak = check(free, e.plan).peak
+        for step in MIX_STEPS:
+            at = int(least_peak + step * (full.report.peak - least_peak))
+            try:
+                found = plan_for(problem.with_budget(at), self.options).result.plan
+            except (InfeasibleBudgetError, NoPlanError):
+                continue
+            if found is not None:
+                plans.append(found)
+        unique: dict[tuple[Any, ...], Plan] = {}
+        for plan in plans:
+            unique.setdefault((tuple(sorted(plan.decisions.items())), repr(plan.schedule), repr(plan.transfers)),
+                              plan)
+        offered = list(unique.values())
+        tiers = []
+        for plan in offered:
+            report = check(free, plan)
+            tiers.append(Tier(holds=holds_after_forward(problem, report),
+                              forward=max(report.timeline[:problem.n_forward], default=0),
+                              backward=max(report.timeline[problem.n_forward:], default=0),
+                              time=report.added_time))
+        best = best_mix(tiers, calls, room, grads=grads, reserve=reserve)
+        if best is None or best.time >= calls * tiers[0].time * (1 - MIX_GAIN) or best.tiers == (0,):
+            return None
+        log.info("rematc: %s of the %d calls, %+.3g s against %+.3g s for one plan",
+                 " + ".join(f"{c} x plan {i}" for i, c in zip(best.tiers, best.counts, strict=True)),
+                 calls, best.time, calls * tiers[0].time)
+        return Mixed(plans=tuple(offered[i] for i in best.tiers), tiers=tuple(tiers[i] for i in best.tiers),
+                     counts=best.counts, room=room, grads=grads, reserve=reserve, time=best.time)
+
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
         # only for the same budget, solver settings and code.
@@ -566,6 +660,7 @@ class RematPartitioner(CustomPartitionerFn):
             self._graph = (self.share.graph(),)
         graph = self._graph[0]
         budget, held, calls = None, 0, self.options.calls
+        self.mix = None
         # The room kept for scratch no value holds (Captured.scratch) and for memory
         # outside the graphs (Options.reserve) is off the budget, like the later graphs'
         # gradients (``after``), and on the prediction.
@@ -597,9 +692,17 @@ class RematPartitioner(CustomPartitionerFn):
                     if after and problem.budget is not None:
                         # The later graphs' gradients are alive while this backward runs.
                         problem = problem.with_budget(max(0, problem.budget - after))
-                    if (calls > 1 or reserve) and problem.budget is not None:
+                    if self.fixed is not None and problem.budget is not None:
+                        fixed = _fitting(problem, self.fixed, "mix")
+                        assert fixed is not None, "a plan of a mix fits one call's room"
+                        planned = Planned(fixed, cached=False)
+                    elif (calls > 1 or reserve) and problem.budget is not None:
+                        room = problem
                         planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
                                                                grads=grads)
+                        if self.mixes and calls > 1 and planned.result.plan is not None:
+                            self.mix = self.mixed(room, calls, planned.result.plan, reserve=reserve,
+                                                  grads=grads)
                     else:
                         planned = plan_for(problem, self.options, known=own)
             except InfeasibleBudgetError as e:

@@ -10,7 +10,9 @@ Every graph goes to one :class:`rematc.backend.Backend`, so they share one budge
 execution order (:class:`rematc.partition.BudgetShare`). A block's graph is compiled
 while a marked block runs, and :func:`block_calls` then says how many blocks there are:
 its plan leaves room for that many calls in flight (``Options.calls``), since every
-block keeps its saved values until its backward. The other graphs run once.
+block keeps its saved values until its backward. The other graphs run once. Each block
+knows its index while it runs (:func:`block_index`), so the blocks may run different plans
+of their graph (:meth:`rematc.partition.RematPartitioner.mixed`).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from rematc.options import Options
 from rematc.partition import Need, holds_after_forward
 from solvers import InfeasibleBudgetError, check
 
-__all__ = ["block_calls", "cached_survey", "mark_regions", "repeated_blocks", "survey"]
+__all__ = ["block_calls", "block_index", "cached_survey", "mark_regions", "repeated_blocks", "survey"]
 
-# How many blocks the block running now stands for; None outside a marked block.
-_CALLS: contextvars.ContextVar[int | None] = contextvars.ContextVar("rematc_block_calls", default=None)
+# The index of the block running now and how many blocks there are; None outside a
+# marked block.
+_BLOCK: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("rematc_block", default=None)
 # The attribute a marked block keeps its own forward under.
 _MARK = "_rematc_region_forward"
 
@@ -70,22 +73,22 @@ def mark_regions(model: nn.Module) -> tuple[str, int]:
             f"regions=True: {type(model).__name__} has no nn.ModuleList of two or more blocks of one "
             "class to compile on their own; compile it whole (regions=False)")
     name, blocks = found
-    for block in blocks:
+    for index, block in enumerate(blocks):
         if _MARK not in vars(block):
             own = block.forward
             setattr(block, _MARK, own)
-            block.forward = _marked(own, len(blocks))
+            block.forward = _marked(own, index, len(blocks))
     return name, len(blocks)
 
 
-def _marked(forward: Callable[..., Any], calls: int) -> Callable[..., Any]:
+def _marked(forward: Callable[..., Any], index: int, calls: int) -> Callable[..., Any]:
     @functools.wraps(forward)
     def region(*args: Any, **kwargs: Any) -> Any:
-        token = _CALLS.set(calls)
+        token = _BLOCK.set((index, calls))
         try:
             return forward(*args, **kwargs)
         finally:
-            _CALLS.reset(token)
+            _BLOCK.reset(token)
 
     # Not traced by the model's compile, but what it calls is: the block's own forward,
     # compiled by the same backend as a graph of its own.
@@ -95,7 +98,15 @@ def _marked(forward: Callable[..., Any], calls: int) -> Callable[..., Any]:
 def block_calls() -> int | None:
     """While a marked block runs (and Dynamo compiles its graph): how many blocks it
     stands for; None elsewhere."""
-    return _CALLS.get()
+    block = _BLOCK.get()
+    return None if block is None else block[1]
+
+
+def block_index() -> int | None:
+    """While a marked block runs: its index among the blocks (the step runs them in
+    that order); None elsewhere."""
+    block = _BLOCK.get()
+    return None if block is None else block[0]
 
 
 def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,

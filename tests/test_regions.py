@@ -87,10 +87,39 @@ def test_regional_step_holds_the_budget_with_eagers_gradients(share: float) -> N
     for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, msg=name)
     blocks = [r for r in rematc.records() if r.calls == LAYERS]
-    assert len(blocks) == 1  # compiled once for all the layers
+    # Compiled once for all the layers, or once per plan of a mix, each layer run by one.
+    assert len(blocks) == 1 and blocks[0].blocks == () or _each_block_once(blocks)
     assert all(r.calls == 1 for r in rematc.records() if r not in blocks)
     if share < 1:
-        assert blocks[0].solver != "save_all"
+        assert all(r.solver != "save_all" for r in blocks)
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: step(compiled)) <= budget + OUTSIDE
+
+
+def _each_block_once(records: list[rematc.PartitionRecord]) -> bool:
+    return sorted(b for r in records for b in r.blocks) == list(range(LAYERS))
+
+
+def test_blocks_run_different_plans_where_a_mix_adds_less_time() -> None:
+    """Where one plan for every block leaves memory unused, the first blocks (held
+    longest) run a plan that holds less and the last ones a faster plan: the block's graph
+    is compiled once per plan, each layer runs its own, and loss, gradients and the
+    measured peak hold as for one plan."""
+    budget = int(0.9 * _unconstrained_step())
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference, model = llama(), llama()
+    expected = step(reference)
+    compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True)
+    assert step(compiled).item() == pytest.approx(expected.item(), rel=1e-6)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    blocks = [r for r in rematc.records() if r.calls == LAYERS]
+    assert len(blocks) >= 2 and all(r.solver == "mix" for r in blocks)
+    assert _each_block_once(blocks)
+    assert len({tuple(sorted(r.plan.decisions.items())) for r in blocks}) == len(blocks)
+    first, last = blocks[0], blocks[-1]  # the first blocks hold least, the last add least time
+    assert 0 in first.blocks and first.holds < last.holds and first.added_time > last.added_time
     model.zero_grad(set_to_none=True)
     assert profiler_peak(lambda: step(compiled)) <= budget + OUTSIDE
 

@@ -1,0 +1,94 @@
+"""solvers.mix: plans mixed over the calls of a graph that runs several times per step.
+
+:func:`need` is checked against a step simulated call by call (every forward in order,
+then every backward in reverse), and :func:`best_mix` against every assignment of plans
+to calls."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from solvers.mix import TIERS, Tier, best_mix, need
+
+
+def simulated_peak(order: list[Tier], grads: int) -> int:
+    """The step's peak when call i runs ``order[i]``: the forwards in order (earlier calls
+    hold their saved values), then the backwards in reverse (earlier calls still hold
+    theirs, later ones hold their parameters' gradients)."""
+    peak = 0
+    for i, tier in enumerate(order):
+        peak = max(peak, sum(t.holds for t in order[:i]) + tier.forward)
+    for i in reversed(range(len(order))):
+        peak = max(peak, sum(t.holds for t in order[:i]) + order[i].backward + grads * (len(order) - 1 - i))
+    return peak
+
+
+def random_tier(rng: random.Random) -> Tier:
+    holds = rng.randrange(0, 1000)
+    return Tier(holds=holds, forward=holds + rng.randrange(0, 500), backward=holds + rng.randrange(0, 800),
+                time=rng.random())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_need_of_a_mix_bounds_its_step_in_any_order(seed: int) -> None:
+    rng = random.Random(seed)
+    tiers = [random_tier(rng) for _ in range(3)]
+    counts = [rng.randrange(0, 4) for _ in tiers]
+    counts[0] += 1
+    grads = rng.randrange(0, 600)
+    calls = [t for t, c in zip(tiers, counts, strict=True) for _ in range(c)]
+    bound = need(tiers, counts, grads=grads)
+    for order in set(itertools.permutations(range(len(calls)))):
+        assert simulated_peak([calls[i] for i in order], grads) <= bound
+
+
+def test_one_plan_needs_its_peak_beside_the_other_calls() -> None:
+    tier = Tier(holds=100, forward=150, backward=300, time=1.0)
+    # The forward of the last call beside three held; the backward beside three (held or
+    # gradients, the larger); all four held beside what later graphs reserve.
+    assert need([tier], [4], grads=50) == max(150 + 300, 300 + 300, 400)
+    assert need([tier], [4], grads=200) == 300 + 3 * 200
+    assert need([tier], [4], reserve=500) == 4 * 100 + 500
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_best_mix_is_the_fastest_assignment_of_plans_to_calls(seed: int) -> None:
+    rng = random.Random(seed)
+    offered = [random_tier(rng) for _ in range(4)]
+    calls = rng.randrange(2, 6)
+    grads = rng.randrange(0, 300)
+    room = rng.randrange(500, 4000)
+    best = None
+    for assignment in itertools.product(range(len(offered)), repeat=calls):
+        used = sorted(set(assignment))
+        if len(used) > TIERS:
+            continue
+        counts = [assignment.count(i) for i in used]
+        tiers = [offered[i] for i in used]
+        if need(tiers, counts, grads=grads) <= room:
+            time = sum(offered[i].time for i in assignment)
+            best = time if best is None else min(best, time)
+    mix = best_mix(offered, calls, room, grads=grads)
+    if best is None:
+        assert mix is None
+        return
+    assert mix is not None
+    assert mix.time == pytest.approx(best)
+    assert sum(mix.counts) == calls and mix.need <= room
+    holds = [offered[i].holds for i in mix.tiers]
+    assert holds == sorted(holds)  # the least-holding plan first: the first calls run it
+
+
+def test_a_mix_beats_one_plan_where_memory_would_be_left_unused() -> None:
+    """Four calls, room for two that save everything and two that recompute: any one plan
+    for all four must recompute everywhere."""
+    fast = Tier(holds=300, forward=300, backward=300, time=0.0)
+    lean = Tier(holds=100, forward=300, backward=300, time=1.0)
+    room = 2 * 300 + 100 + 300  # the last call's backward beside the three others held
+    assert need([fast], [4]) > room and need([lean], [4]) <= room
+    mix = best_mix([fast, lean], 4, room)
+    assert mix is not None
+    assert mix.tiers == (1, 0) and mix.counts == (2, 2) and mix.time == 2.0
