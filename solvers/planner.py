@@ -6,7 +6,8 @@ two-phase one gets the cheapest, by the checker, of the plans found without the 
 (checkpointing, offloaded where the copies hide, the multi-level plan, the chain model's, a
 plan an error stated before) and of the flat CP-SAT search (:mod:`solvers.cpsat`) started
 from the best of them; from ``CHAIN_ONLY_CANDIDATES`` decisions the flat search does not
-run. ``prepare`` and ``finish`` split :func:`solve` for callers that run the search
+run, unless the problem has no chain (fewer than two segments) for the chain model to plan
+instead. ``prepare`` and ``finish`` split :func:`solve` for callers that run the search
 themselves (:mod:`solvers.progress`). Every stage of one solve runs within one
 :class:`solvers.deadline.Deadline`, made from the config and handed down. See
 docs/solvers.md, "solvers.solve" and "Time".
@@ -31,6 +32,7 @@ from solvers.plan import Plan
 from solvers.problem import Problem
 from solvers.result import InfeasibleBudgetError, Planner, SolverConfig, SolveResult, Status
 from solvers.sat import Watch, objective_seconds, search
+from solvers.segments import find_segments
 from solvers.singlephase import anywhere
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *
         return anywhere.min_feasible_peak(problem, config)
     t0 = time.perf_counter()
     deadline = deadline or Deadline.of(config)
-    if len(problem.candidates) >= CHAIN_ONLY_CANDIDATES:  # the flat search would find less
+    if not searched_flat(problem):  # the flat search would find less
         known = least_known_peaks(problem, config, deadline=deadline)
     else:
         # With a host link, the least peak without it first (a plan here too, though not
@@ -112,17 +114,25 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *
     return replace(best, wall_time=time.perf_counter() - t0)
 
 
+def searched_flat(problem: Problem) -> bool:
+    """Whether the flat CP-SAT search runs on ``problem``: below ``CHAIN_ONLY_CANDIDATES``
+    decisions, or where the problem has no chain (fewer than two segments) whose model
+    would plan it instead: there the flat search, started from the best known plan and
+    stopped by the deadline, is the only search."""
+    return len(problem.candidates) < CHAIN_ONLY_CANDIDATES or len(find_segments(problem)) < 2
+
+
 def known_only(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = None
                ) -> SolveResult | None:
-    """On a two-phase problem of at least ``CHAIN_ONLY_CANDIDATES`` decisions, the cheapest
+    """On a two-phase problem the flat search does not run on (:func:`searched_flat`), the cheapest
     plan that fits among the greedy's, checkpointing's, the multi-level one's and the chain
-    model's, the chain model given what is left of the time limit; None on a smaller or a
-    single-phase problem (it is searched). Status FEASIBLE, bounded by the step relaxation
+    model's, the chain model given what is left of the time limit; None on a problem
+    searched flat or a single-phase one. Status FEASIBLE, bounded by the step relaxation
     (:mod:`solvers.bound`): none of these searches proves a bound. Where none fits, raises
     :class:`InfeasibleBudgetError` with the least peak among their least-peak plans (not
     proven least: the flat search, which could prove it, does not finish at this size).
     ``deadline`` as for :func:`solve`."""
-    if problem.single_phase or problem.budget is None or len(problem.candidates) < CHAIN_ONLY_CANDIDATES:
+    if problem.single_phase or problem.budget is None or searched_flat(problem):
         return None
     t0 = time.perf_counter()
     deadline = deadline or Deadline.of(config)
@@ -386,7 +396,7 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Ch
     elif chained(problem, config):
         # Beside the flat search, ``CHAIN_SHARE`` of the time limit; from
         # ``CHAIN_ONLY_CANDIDATES``, where the flat search does not run, what is left.
-        flat = len(problem.candidates) < CHAIN_ONLY_CANDIDATES
+        flat = searched_flat(problem)
         share = config.time_limit * CHAIN_SHARE if flat else deadline.left()
         plans.append(chain.min_peak(unbudgeted, replace(config, time_limit=share), planner=PLANNER,
                                     deadline=deadline.part(share)).plan)

@@ -8,6 +8,8 @@ import collections
 from functools import cache
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import rematc
 from rematc.models import GPTConfig, make_gpt
@@ -21,6 +23,7 @@ from solvers import (
     Status,
     chain,
     check,
+    cpsat,
     planner,
 )
 from solvers.baselines import checkpoint_every, save_all
@@ -29,6 +32,7 @@ from solvers.planner import PLANNER
 from solvers.segments import find_segments
 from tests import realmodels
 from tests.helpers import assert_same_step, run_step
+from tests.test_cpsat import small_problems
 
 FAST = SolverConfig(time_limit=10.0, workers=2)
 # Where a test needs every span's options: the deterministic mode ignores the wall-clock
@@ -251,6 +255,25 @@ def test_large_problems_take_the_best_known_plan_and_state_a_budget_that_works(
     monkeypatch.setattr(chain, "solve", lambda *_, **__: none)
     monkeypatch.setattr(chain, "min_peak", lambda p, *_, **__: save_all(p))
     assert planner.solve(problem.with_budget(least), FAST).plan is not None
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_problems(), st.floats(0.0, 1.0))
+def test_a_large_problem_without_a_chain_is_searched_flat(problem: Problem, where: float) -> None:
+    """Past CHAIN_ONLY_CANDIDATES a problem with a chain is planned by the chain model
+    instead of the flat search; one without a chain (fewer than two segments) is still
+    searched flat, and gets the flat search's optimum, not only the greedy's or
+    checkpointing's plan."""
+    assume(len(find_segments(problem)) < 2)
+    least = cpsat.min_peak(problem, FAST)
+    full = save_all(problem).report
+    assert least.report is not None and full is not None
+    budget = int(least.report.peak + where * (full.peak - least.report.peak))
+    flat = planner.solve(problem.with_budget(budget), FAST)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "CHAIN_ONLY_CANDIDATES", 1)
+        large = planner.solve(problem.with_budget(budget), FAST)
+    assert large.plan is not None and large.objective == pytest.approx(flat.objective, rel=1e-9, abs=1e-12)
 
 
 def test_options_found_at_one_batch_are_rejudged_at_another(monkeypatch: pytest.MonkeyPatch) -> None:
