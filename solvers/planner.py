@@ -318,25 +318,38 @@ def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     (:func:`solvers.hostcopy.offload_hidden`), each judged against the budget."""
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return []
-    out = []
-    for k in KNOWN_EVERY:
-        r = checkpoint_every(problem.with_budget(None), config, k=k)
-        if r.plan is None:
-            continue
-        t0 = time.perf_counter()
-        plan, report = offload_hidden(problem, r.plan)
-        if plan is not r.plan:
-            out.append(SolveResult(status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
-                                   plan=plan if report.fits else None, report=report,
-                                   objective=report.added_time, bound=0.0,
-                                   wall_time=r.wall_time + time.perf_counter() - t0,
-                                   solver=f"{r.solver}+offload"))
-    return out
+    return [r for k in KNOWN_EVERY for r in offloaded(problem, checkpoint_every(problem.with_budget(None), config, k=k))]
 
 
 def grouped(problem: Problem, config: SolverConfig, deadline: Deadline) -> list[SolveResult]:
-    """The multi-level plan (:mod:`solvers.multilevel`) where ``config.multilevel``."""
-    return [multilevel.solve(problem, config, deadline=deadline)] if config.multilevel else []
+    """The multi-level plan (:mod:`solvers.multilevel`) where ``config.multilevel``; with a
+    host link also that plan, or where none fits the budget the multi-level least-peak
+    plan, with what it keeps offloaded where the copies hide (:func:`offloaded`)."""
+    if not config.multilevel:
+        return []
+    found = multilevel.solve(problem, config, deadline=deadline)
+    if problem.host_bandwidth <= 0 or problem.single_phase:
+        return [found]
+    base = found
+    if found.plan is None:
+        base = multilevel.min_peak(problem.with_budget(None), config, deadline=deadline)
+    return [found, *offloaded(problem, base)]
+
+
+def offloaded(problem: Problem, result: SolveResult) -> list[SolveResult]:
+    """``result``'s plan with what it keeps offloaded where the copies hide
+    (:func:`solvers.hostcopy.offload_hidden`; a multi-level plan keeps its schedule),
+    judged against ``problem``'s budget; none where nothing moves or there is no plan."""
+    if result.plan is None:
+        return []
+    t0 = time.perf_counter()
+    plan, report = offload_hidden(problem, result.plan)
+    if plan is result.plan:
+        return []
+    return [SolveResult(status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
+                        plan=plan if report.fits else None, report=report, objective=report.added_time,
+                        bound=0.0, wall_time=result.wall_time + time.perf_counter() - t0,
+                        solver=f"{result.solver}+offload")]
 
 
 def chained(problem: Problem, config: SolverConfig) -> bool:
@@ -390,7 +403,8 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Ch
     plans = [r.plan for r in (checkpoint_every(unbudgeted, config, k=k) for k in KNOWN_EVERY)]
     plans += [r.plan for r in hosted(unbudgeted, config)]
     if config.multilevel:
-        plans.append(multilevel.min_peak(unbudgeted, config, deadline=deadline).plan)
+        least = multilevel.min_peak(unbudgeted, config, deadline=deadline)
+        plans += [least.plan, *(r.plan for r in offloaded(unbudgeted, least))]
     if built is not None:
         plans.append(chain.min_peak(unbudgeted, config, chain=built, deadline=deadline).plan)
     elif chained(problem, config):

@@ -35,6 +35,7 @@ from solvers import (
 )
 from solvers.baselines import checkpoint_every, save_all
 from solvers.checker import transfer_stalls
+from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
 from solvers.plan import Transfer
 from solvers.problem import chain_problem
@@ -169,6 +170,22 @@ def test_a_grouped_plan_keeps_its_schedule_with_its_inputs_offloaded() -> None:
     assert plan.of(OFF), "no group input moved to the host"
     assert report.n_recomputed == grouped.report.n_recomputed
     assert report.peak < grouped.report.peak and report.added_time == pytest.approx(grouped.report.added_time)
+
+
+def test_multi_level_plans_are_offered_offloaded_below_their_least_peak() -> None:
+    """With a host link the planner offers the multi-level plan with its kept group inputs
+    offloaded, so a budget under the multi-level least peak, which only that reaches
+    among multi-level plans, gets one."""
+    p, config = deep(), SolverConfig(time_limit=10.0)
+    least = multilevel.min_peak(p, config)
+    assert least.plan is not None and least.plan.multilevel and least.report is not None
+    moved = planner.offloaded(p, least)
+    assert moved and moved[0].report is not None and moved[0].report.peak < least.report.peak
+    budget = moved[0].report.peak
+    found = planner.grouped(p.with_budget(budget), config, Deadline.of(config))
+    fitting = [r for r in found if r.plan is not None]
+    assert fitting and all(r.plan.multilevel and r.plan.of(OFF) and r.report.fits for r in fitting)  # type: ignore[union-attr]
+    assert planner.solve(p.with_budget(budget), config).plan is not None
 
 
 def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets(deep_chain: chain.Chain) -> None:
