@@ -1,15 +1,28 @@
-"""Shared test setup: a clean Dynamo state per test and no compile caches.
+"""Shared test setup: a clean Dynamo state per test and no graph caches.
 
-Caches would let Inductor reuse a graph partitioned by an earlier test with other
-options (the partitioner's uuid keys them, but then the partitioner does not run at all
-and leaves no record to check).
+Inductor's FX graph cache and AOTAutograd's cache would let a test reuse a graph
+partitioned by an earlier test with other options (the partitioner's uuid keys them, but
+then the partitioner does not run at all and leaves no record to check); Dynamo's
+profile-guided dynamic shapes would let an earlier test's shapes make a later one's
+dynamic. All three are off. Compiled kernels are kept, in a directory of this run's own:
+a kernel is its source's hash, so a test that lowers the same kernel again loads it
+instead of running the C++ compiler (most of an Inductor test's time on a small CPU),
+and no run reads another's.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
-os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+os.environ.setdefault("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO", "0")
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # pytest-xdist's workers inherit it
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rematc-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 # rematc's plan cache is off unless a test passes its own cache_dir (tmp_path): no test
 # writes to ~/.cache or reuses another test's plans.
 os.environ.setdefault("REMATC_CACHE_DIR", "off")

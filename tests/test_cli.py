@@ -592,7 +592,7 @@ def test_bad_arguments(argv: list[str], words: str, tmp_path: Path, capsys: pyte
 def _rematc(*argv: object, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """``rematc ARGV`` in a fresh interpreter (what torch logs, and what it imports, show)."""
     script = prelude + "\nimport sys\nfrom rematc.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    # conftest's TORCHINDUCTOR_FORCE_DISABLE_CACHES makes Dynamo warn (ignored in pytest too)
+    # TORCHINDUCTOR_FORCE_DISABLE_CACHES, where set, makes Dynamo warn (ignored in pytest too)
     env = {**os.environ, "PYTHONWARNINGS": "ignore:dynamo_pgo force disabled:UserWarning"}
     return subprocess.run([sys.executable, "-c", script, *map(str, argv)], capture_output=True, text=True,
                           timeout=300, cwd=Path(__file__).resolve().parents[1], env=env)
