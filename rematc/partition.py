@@ -197,6 +197,10 @@ class BudgetShare:
 
     holds: dict[tuple[int, int], int] = field(default_factory=dict)  # graph -> bytes
     problems: dict[tuple[int, int], Problem] = field(default_factory=dict)  # graph -> its problem, no budget
+    # graph -> bytes at its backward's predicted peak in the step (what the graphs before
+    # it hold included), and bytes it keeps to the end of the step (:func:`lasting`)
+    backward_peaks: dict[tuple[int, int], int] = field(default_factory=dict)
+    lasting: dict[tuple[int, int], int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # compile id -> graphs so far
     warned: bool = False
     # What each graph of the step needs at its least, in execution order, when a survey of
@@ -252,26 +256,60 @@ class BudgetShare:
         earlier = sorted(g for g in self.problems if graph is not None and g < graph)
         step = self.held_before(graph) + least
         for _ in range(MAX_STEP_ROUNDS):
-            held = 0
+            held, needed = 0, 0
             for g in earlier:
-                problem = self.problems[g].with_budget(step - held)
+                # What the later graphs keep to the step's end, where a plan of the step
+                # found it (lasting_after), is off an earlier graph's budget when planned.
+                kept = lasting_after(self.problems[g])
+                problem = self.problems[g].with_budget(step - held - kept)
                 try:
                     plan = plan_for(problem, options).result.plan
-                except (InfeasibleBudgetError, NoPlanError):
+                except InfeasibleBudgetError as e:
+                    if e.min_feasible is None or e.plan is None:
+                        return None
+                    needed = max(needed, held + kept + e.min_feasible)
+                    problem, plan = problem.with_budget(e.min_feasible), e.plan
+                except NoPlanError:
                     return None
                 assert plan is not None
                 keep_in_hand(problem, plan, options)
                 held += holds_after_forward(problem, check(problem, plan))
-            if held + least <= step:
+            needed = max(needed, held + least)
+            if needed <= step:
                 return step
-            step = held + least
+            step = needed
         return None
 
-    def record(self, graph: tuple[int, int] | None, holds: int, problem: Problem | None = None) -> None:
+    def over_after(self, graph: tuple[int, int] | None, lasting: int, budget: int) -> int:
+        """Bytes by which the backward of a graph before ``graph`` would exceed ``budget``
+        beside the ``lasting`` bytes ``graph`` keeps to the end of the step and those the
+        graphs between keep (they are alive while it runs: the step's backward runs the
+        graphs in reverse); 0 where none would."""
+        over = 0
+        for g, peak in self.backward_peaks.items():
+            if graph is None or g >= graph:
+                continue
+            between = sum(b for h, b in self.lasting.items() if g < h < graph)
+            over = max(over, peak + between + lasting - budget)
+        return over
+
+    def remember_lasting(self, graph: tuple[int, int] | None, lasting: int) -> None:
+        """Note for each graph before ``graph`` the bytes it and the graphs between keep to
+        the end of the step (:func:`lasting_after`), so that it is planned with them off its
+        budget from its next compile on."""
+        for g, problem in self.problems.items():
+            if graph is not None and g < graph:
+                between = sum(b for h, b in self.lasting.items() if g < h < graph)
+                _remember_lasting(problem, lasting + between)
+
+    def record(self, graph: tuple[int, int] | None, holds: int, problem: Problem | None = None, *,
+               backward_peak: int = 0, lasting: int = 0) -> None:
         if graph is None:
             return
         if problem is not None:
             self.problems[graph] = problem.with_budget(None)
+        self.backward_peaks[graph] = backward_peak
+        self.lasting[graph] = lasting
         grew = graph in self.holds and holds > self.holds[graph]
         later = [g for g in self.holds if g > graph]
         if grew and later:
@@ -379,6 +417,31 @@ def forget_plans_in_hand() -> None:
     (:func:`solvers.planner.forget_stated`); tests start from none."""
     _IN_HAND.clear()
     planner.forget_stated()
+
+
+# Bytes the later graphs of a step keep to its end (their outputs and parameters'
+# gradients) while a graph's backward runs, by the graph's unbudgeted problem: found when a
+# later graph is planned (BudgetShare.over_after), and off the graph's budget from then on.
+_LASTING_AFTER: dict[str, int] = {}
+
+
+def lasting(problem: Problem, grads: int) -> int:
+    """Bytes a graph keeps to the end of the step: its forward's outputs (``keep``:
+    returned, they may be held by the caller) and its parameters' gradients (``grads``)."""
+    return grads + sum(node.size for node in problem.nodes[:problem.n_forward] if node.keep)
+
+
+def lasting_after(problem: Problem) -> int:
+    """Bytes the graphs after the one of ``problem`` keep to the end of the step, where a
+    plan of the step found them (:meth:`BudgetShare.remember_lasting`); 0 otherwise."""
+    return _LASTING_AFTER.get(_unbudgeted_key(problem), 0) if _LASTING_AFTER else 0
+
+
+def _remember_lasting(problem: Problem, nbytes: int) -> None:
+    if len(_LASTING_AFTER) >= _IN_HAND_MAX:
+        _LASTING_AFTER.pop(next(iter(_LASTING_AFTER)))
+    key = _unbudgeted_key(problem)
+    _LASTING_AFTER[key] = max(nbytes, _LASTING_AFTER.get(key, 0))
 
 
 def _unbudgeted_key(problem: Problem) -> str:
@@ -586,6 +649,31 @@ class RematPartitioner(CustomPartitionerFn):
             return Planned(fits, cached=False), fitted
         raise InfeasibleBudgetError(room, least, proven=False, plan=plan)
 
+    def check_earlier_backwards(self, problem: Problem, graph: tuple[int, int] | None, keeps: int,
+                                budget: int, after: int) -> None:
+        """After a graph break the step's backward runs the graphs in reverse, so an
+        earlier graph's backward runs beside what this graph keeps to the step's end
+        (``keeps``: its outputs and parameters' gradients), which that graph's plan could
+        not know of. Where that takes it over the byte ``budget``, the bytes are
+        remembered for the earlier graphs (planned with them off from their next compile
+        on) and :class:`InfeasibleBudgetError` states the smallest step budget found with
+        them counted (``after``: what this graph's own budget had taken off)."""
+        over = self.share.over_after(graph, keeps, budget)
+        if over <= 0:
+            return
+        self.share.remember_lasting(graph, keeps)
+        try:
+            least = plan_for(problem.with_budget(0), self.options).result.report
+            floor_ = 0 if least is None else least.peak  # nothing allocated
+        except InfeasibleBudgetError as e:
+            floor_ = e.min_feasible or 0
+        step = self.share.smallest_step_budget(graph, floor_, self.options)
+        where = "" if graph is None else f"{graph_name(graph)}: "
+        raise InfeasibleBudgetError(
+            budget, None if step is None else max(step + after, budget + over), proven=False,
+            where=f"{where}the backward of an earlier graph runs beside the {keeps} B this one keeps "
+                  f"to the step's end (its outputs and gradients), {over} B over the budget: ")
+
     def mixed(self, problem: Problem, calls: int, uniform: Plan, *, reserve: int = 0,
               grads: int = 0) -> Mixed | None:
         """Plans for the ``calls`` calls of this graph that together add at least
@@ -689,6 +777,8 @@ class RematPartitioner(CustomPartitionerFn):
                 else:
                     reserve = self.share.reserve_after(graph) if budget is not None else 0
                     after = self.share.gradients_after(graph) if budget is not None else 0
+                    if budget is not None and self.options.budget.nbytes is not None:  # type: ignore[union-attr]
+                        after += lasting_after(captured.problem)
                     if after and problem.budget is not None:
                         # The later graphs' gradients are alive while this backward runs.
                         problem = problem.with_budget(max(0, problem.budget - after))
@@ -714,7 +804,12 @@ class RematPartitioner(CustomPartitionerFn):
         if not report.fits:
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
         holds = holds_after_forward(problem, report)
-        self.share.record(graph, holds * calls, captured.problem)  # every call's, to later graphs
+        keeps = lasting(captured.problem, grads) * calls
+        if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
+            self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)
+        backward = max(report.timeline[problem.n_forward:], default=0)
+        self.share.record(graph, holds * calls, captured.problem,  # every call's, to later graphs
+                          backward_peak=held + backward + aside + (calls - 1) * max(holds, grads), lasting=keeps)
         if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
             self.room = room_of(problem, result.plan, report.timeline,
                                 [[n.name for n in group] for group in captured.groups])
