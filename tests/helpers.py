@@ -63,22 +63,25 @@ def run_step(model: nn.Module, fn: Callable[..., Any], inputs: tuple[torch.Tenso
     return StepResult(loss.detach(), grads, buffers)
 
 
-def eager_and_compiled(name: str, *, budget: object, compiler: str) -> tuple[StepResult, StepResult, rematc.PartitionRecord]:
-    """One step of the eager model and one of a fresh copy compiled by rematc."""
+def eager_and_compiled(name: str, *, budget: object, compiler: str,
+                       **options: Any) -> tuple[StepResult, StepResult, rematc.PartitionRecord]:
+    """One step of the eager model and one of a fresh copy compiled by rematc (with
+    ``options`` besides the budget and compiler)."""
     model, inputs = MODELS[name]()
     reference = run_step(model, model, inputs)
     model, inputs = MODELS[name]()
-    compiled = rematc.compile(model, budget=budget, compiler=compiler)
+    compiled = rematc.compile(model, budget=budget, compiler=compiler, **options)
     before = len(rematc.records())
     result = run_step(model, compiled, inputs)
     assert len(rematc.records()) > before, "the rematc partitioner did not run"
     return reference, result, rematc.records()[-1]
 
 
-def smallest_feasible_budget(name: str, *, compiler: str) -> int:
-    """Ask for an impossible budget; the error says the smallest feasible one."""
+def smallest_feasible_budget(name: str, *, compiler: str, **options: Any) -> int:
+    """Ask for an impossible budget; the error says the smallest feasible one (found with
+    ``options``, a time limit among them)."""
     model, inputs = MODELS[name]()
-    compiled = rematc.compile(model, budget=Budget(nbytes=1), compiler=compiler)
+    compiled = rematc.compile(model, budget=Budget(nbytes=1), compiler=compiler, **options)
     try:
         compiled(*inputs).backward()
     except Exception as e:

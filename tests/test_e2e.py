@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 import torch
 
 import rematc
 from tests.helpers import (
     MODELS,
+    StepResult,
     assert_same_step,
     eager_and_compiled,
     infeasible_cause,
@@ -19,19 +22,38 @@ from tests.helpers import (
 EAGER_RTOL, EAGER_ATOL = 1e-5, 1e-6
 # Inductor fuses and reorders floating-point work.
 INDUCTOR_RTOL, INDUCTOR_ATOL = 1e-4, 1e-5
+# Seconds per solve: the tests need a plan within the budget, not the least-cost one, and
+# the smallest budget stated need not be the least there is (the default 60 s took 54 s of
+# CPU to state the toy Llama's on the eager route; 5 s, 7 s and 5% more bytes).
+TIME_LIMIT = 5.0
+
+
+@cache
+def eager_route_step(name: str, budget: int) -> tuple[StepResult, StepResult, rematc.PartitionRecord]:
+    """:func:`eager_and_compiled` on the eager route, once per model and budget."""
+    torch._dynamo.reset()
+    return eager_and_compiled(name, budget=budget, compiler="eager", time_limit=TIME_LIMIT)
+
+
+@cache
+def eager_route_budgets(name: str) -> tuple[int, int]:
+    """The smallest feasible budget and the unconstrained peak of ``MODELS[name]`` on the
+    eager route, found once for the levels that share them. The step at the smallest is
+    compiled here, as a user would right after the error that states it."""
+    smallest = smallest_feasible_budget(name, compiler="eager", time_limit=TIME_LIMIT)
+    torch._dynamo.reset()
+    _, _, unconstrained = eager_and_compiled(name, budget=None, compiler="eager", time_limit=TIME_LIMIT)
+    eager_route_step(name, smallest)
+    return smallest, unconstrained.unconstrained_peak
 
 
 @pytest.mark.parametrize("level", ["fits", "between", "smallest"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_eager_route_matches_eager(name: str, level: str) -> None:
-    smallest = smallest_feasible_budget(name, compiler="eager")
-    torch._dynamo.reset()
-    _, _, unconstrained = eager_and_compiled(name, budget=None, compiler="eager")
-    full = unconstrained.unconstrained_peak
+    smallest, full = eager_route_budgets(name)
     assert smallest < full, "the model leaves no room to trade memory for time"
     budget = {"fits": full, "between": (full + smallest) // 2, "smallest": smallest}[level]
-    torch._dynamo.reset()
-    reference, result, record = eager_and_compiled(name, budget=budget, compiler="eager")
+    reference, result, record = eager_route_step(name, budget)
     assert_same_step(reference, result, rtol=EAGER_RTOL, atol=EAGER_ATOL)
     assert record.budget == budget
     assert record.predicted_peak <= budget
@@ -42,11 +64,14 @@ def test_eager_route_matches_eager(name: str, level: str) -> None:
 
 
 @pytest.mark.inductor
-@pytest.mark.parametrize("name", sorted(MODELS))
+# transformers' GPT-2 at these sizes and its smallest budget is test_real_models' Inductor
+# case, which measures its peak too.
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"hf_gpt2"}))
 def test_inductor_route_matches_eager_at_smallest_budget(name: str, same_random_as_eager: None) -> None:
-    smallest = smallest_feasible_budget(name, compiler="inductor")
+    smallest = smallest_feasible_budget(name, compiler="inductor", time_limit=TIME_LIMIT)
     torch._dynamo.reset()
-    reference, result, record = eager_and_compiled(name, budget=smallest, compiler="inductor")
+    reference, result, record = eager_and_compiled(name, budget=smallest, compiler="inductor",
+                                                   time_limit=TIME_LIMIT)
     assert_same_step(reference, result, rtol=INDUCTOR_RTOL, atol=INDUCTOR_ATOL)
     assert record.predicted_peak <= smallest
     assert record.recomputed
@@ -64,9 +89,8 @@ def test_inductor_route_everything_fits(same_random_as_eager: None) -> None:
 
 def test_dropout_is_saved_never_recomputed() -> None:
     """Until RNG replay exists, random values are save-only, whatever the budget."""
-    smallest = smallest_feasible_budget("gpt", compiler="eager")
-    torch._dynamo.reset()
-    _, _, record = eager_and_compiled("gpt", budget=smallest, compiler="eager")
+    smallest, _ = eager_route_budgets("gpt")
+    _, _, record = eager_route_step("gpt", smallest)
     problem = record.problem
     random = [i for i, n in enumerate(problem.nodes) if not n.recomputable and not n.resident]
     assert random, "the GPT with dropout has random values"
