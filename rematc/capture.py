@@ -1089,7 +1089,16 @@ def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],
     :func:`inputs_updated_after`), so by the time the backward runs the input holds its
     new value. A recomputation reading it would compute from that new value, not the one
     the forward read: a wrong gradient without an error, or autograd's error that a saved
-    tensor was modified in place (the input, saved to recompute from)."""
+    tensor was modified in place (the input, saved to recompute from).
+
+    The same for a node that reads a step of the input's new value: a value computed from
+    the input on the way to what is copied into it (``slice_scatter(z, ...)`` then ``* 0.5``
+    for ``z[:, :32].mul_(2); z.mul_(0.5)``). Inductor writes those steps into the input's
+    own buffer, so a saved step is overwritten by the later ones, and a recomputation from
+    it computes from the new value (a gradient half the true one, and the input updated
+    again, in a case the fuzzer found)."""
+    updates = [n for n in nodes if n in forward and _mutates(n) and len(n.args) > 1
+               and isinstance(n.args[0], fx.Node) and n.args[0] in costs and isinstance(n.args[1], fx.Node)]
     mutated = {costs[n.args[0]].owner for n in nodes
                if n in forward and _mutates(n) and n.args and isinstance(n.args[0], fx.Node)
                and n.args[0] in costs}
@@ -1099,8 +1108,34 @@ def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],
     if not mutated:
         return frozenset()
     aliases = {n for n in nodes if costs[n].owner in mutated}  # the inputs and their views
+    steps = _steps_to_new_values(updates, aliases, forward)
     return frozenset(n for n in nodes if n in forward and n.op != "placeholder"
-                     and (n in aliases or aliases.intersection(n.all_input_nodes)))
+                     and (n in aliases or aliases.intersection(n.all_input_nodes)
+                          or steps.intersection(n.all_input_nodes)))
+
+
+def _steps_to_new_values(updates: Sequence[fx.Node], aliases: set[fx.Node],
+                         forward: frozenset[fx.Node]) -> set[fx.Node]:
+    """The forward nodes computed from a mutated input (one of ``aliases``) on the way to
+    a value an update (``copy_(input, value)``, one of ``updates``) writes into an input:
+    those that descend from the input and lead to the value, the value included."""
+    if not updates:
+        return set()
+    descends: set[fx.Node] = set()
+    frontier = [u for a in aliases for u in a.users if u in forward]
+    while frontier:
+        n = frontier.pop()
+        if n not in descends:
+            descends.add(n)
+            frontier.extend(u for u in n.users if u in forward)
+    steps: set[fx.Node] = set()
+    frontier = [u.args[1] for u in updates if u.args[0] in aliases]  # type: ignore[misc]
+    while frontier:
+        n = frontier.pop()
+        if n in descends and n not in steps and n not in updates:
+            steps.add(n)
+            frontier.extend(n.all_input_nodes)
+    return steps
 
 
 def _offloadable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:

@@ -34,6 +34,7 @@ from bench.fuzz import (
     run_case,
     run_step,
 )
+from solvers.baselines import plan_with
 
 # Cases of the CI slice: each compiles two to five times (a few seconds on a small CPU).
 FAST_EXAMPLES = 8
@@ -125,6 +126,34 @@ def test_the_generator_reaches_every_feature() -> None:
         assert feature in text, feature
     in_place = [line for line in text.splitlines() if line.startswith("    v") and "_(" in line]
     assert any(line.split(".")[0].strip() not in ("x", "z") for line in in_place), in_place
+
+
+# z[:, :32].mul_(2.0), then z.mul_(0.5), then the head reads z, under Inductor: z's new
+# value is computed in z's own buffer, step by step, so a plan that recomputed the last
+# step from the one before read the new value (half the head's gradient, z updated twice).
+# Found by a long run (seed 22, case 90) where a tight budget's search chose that plan.
+INPUT_STEPS = Case(seed=45585, batch=8, width=64, ops=(Op("pointwise", 35, 15, 2), Op("dropout", 27, 46, 6),
+                                                       Op("inplace", 53, 51, 2), Op("linear", 58, 55, 2),
+                                                       Op("inplace", 28, 39, 0)),
+                   second_input=True, x_grad=True, passthrough=-1, outputs=(), int_output=False, asks=(),
+                   compiler="inductor", autocast=False, export=False)
+
+
+@pytest.mark.inductor
+def test_no_plan_recomputes_a_step_of_an_inputs_new_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every recomputable value recomputed (the plan a tight budget may get), under
+    Inductor: the step is still eager's."""
+    assert "z[:, :32].mul_(2.0)" in forward_source(INPUT_STEPS).text
+    assert "z.mul_(0.5)" in forward_source(INPUT_STEPS).text
+
+    def recompute_all(problem: Any, options: Any, *, known: Any = None) -> Any:
+        plan = plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})
+        return rematc.partition.Planned(rematc.partition._fitting(problem.with_budget(None), plan, "all"),
+                                        cached=False)
+
+    monkeypatch.setattr(rematc.partition, "plan_for", recompute_all)
+    outcome = run_case(INPUT_STEPS)
+    assert not outcome.failures, report(INPUT_STEPS, outcome.findings)
 
 
 def test_a_wrong_gradient_is_a_difference() -> None:
