@@ -315,12 +315,34 @@ def _measure_missing(calls: Iterable[str]) -> None:
 def _call(node: fx.Node, *, channels_last: bool) -> str:
     """``node``'s op and arguments as JSON (a tensor as its size hints, strides and dtype),
     with the thread count: what :func:`_measure` needs to run it again."""
+    return _encoded(node.target, node.args, node.kwargs, channels_last=channels_last)
+
+
+def measured_workspace(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
+    """The workspace :func:`workspaces` measured for a call of ``op`` (one of
+    :data:`PROBED`) on tensors of these shapes (real or fake), in this process; 0 where
+    none was measured. For the walk of generated code (:mod:`rematc.generated`), whose
+    fallback kernels allocate it where no statement shows."""
+    if op not in PROBED:
+        return 0
+    found = 0
+    for channels_last in (False, True):
+        try:
+            found = max(found, _WORKSPACES.get(_encoded(op, args, kwargs, channels_last=channels_last), 0))
+        except TypeError:
+            return 0
+    return found
+
+
+def _encoded(op: Any, args: Any, kwargs: dict[str, Any], *, channels_last: bool) -> str:
     def encode(a: Any) -> Any:
         if isinstance(a, fx.Node):
             t = a.meta.get("val")
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"argument {a.name} is no tensor")
-            return {"tensor": [_hints(t.shape), _strides(t, channels_last), str(t.dtype).removeprefix("torch.")]}
+            a = t
+        if isinstance(a, torch.Tensor):
+            return {"tensor": [_hints(a.shape), _strides(a, channels_last), str(a.dtype).removeprefix("torch.")]}
         if isinstance(a, torch.SymInt):
             return int(optimization_hint(a))
         if isinstance(a, (list, tuple)):
@@ -331,8 +353,8 @@ def _call(node: fx.Node, *, channels_last: bool) -> str:
             return a
         raise TypeError(f"argument {a!r} of type {type(a).__name__}")
 
-    return json.dumps({"op": str(node.target), "args": encode(node.args),
-                       "kwargs": {k: encode(v) for k, v in node.kwargs.items()},
+    return json.dumps({"op": str(op), "args": encode(args),
+                       "kwargs": {k: encode(v) for k, v in kwargs.items()},
                        "threads": torch.get_num_threads()}, sort_keys=True)
 
 

@@ -7,7 +7,9 @@ saved tensors carried from the forward's return into the backward's arguments. K
 launches are not run; they write into buffers already counted. The result is the step's
 peak on the graphs' device, above what was alive before it, as the generated code
 allocates it: the same measure as rematc's predicted peak and ``rematc.memory``'s
-measured one, less the workspaces kernels allocate inside themselves.
+measured one, less the workspaces kernels allocate inside themselves, but for those the
+capture measured for a fallback kernel (``rematc.annotate.PROBED``: CPU dropout draws its
+mask through an input-sized temporary), counted while its statement runs.
 
 It reads the generated source, not Inductor's internals, so it holds whatever rules
 Inductor followed: another torch release, another device, a user's ``config.patch``.
@@ -26,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from rematc._torch_compat import FakeTensorMode, inductor_extern_kernels, optimization_hint
+from rematc.annotate import measured_workspace
 
 __all__ = ["CodePeak", "Generated", "GeneratedCodeWarning", "WalkError", "recording_peaks", "step_peak"]
 
@@ -187,6 +190,7 @@ class _Walk:
         self.kept: list[Any] = []
         self.peak = 0
         self.at = ""
+        self.scratch = 0  # bytes the statement being noted allocates inside its kernel
         self.alive: tuple[tuple[str, int], ...] = ()
 
     def run(self, source: str, args: list[Any]) -> list[Any]:
@@ -233,6 +237,7 @@ class _Walk:
             return True, value
         if isinstance(stmt, ast.Assign):
             self._assign(stmt)
+            self.scratch = self._workspace(stmt.value)
         elif isinstance(stmt, ast.Delete):
             for target in stmt.targets:
                 if isinstance(target, ast.Name):
@@ -240,7 +245,21 @@ class _Walk:
         else:
             return False, None
         self._note(stmt)
+        self.scratch = 0
         return False, None
+
+    def _workspace(self, value: ast.expr) -> int:
+        """The workspace the capture measured for ``value``'s fallback call, where it is a
+        call of one of ``rematc.annotate.PROBED`` (0 otherwise)."""
+        if not isinstance(value, ast.Call) or not ast.unparse(value.func).startswith("torch.ops.aten."):
+            return 0
+        try:
+            op = self._eval(value.func)
+            args = [self._eval(a) for a in value.args]
+            kwargs = {k.arg: self._eval(k.value) for k in value.keywords if k.arg is not None}
+        except Exception:  # an argument the walk cannot evaluate: nothing known to add
+            return 0
+        return measured_workspace(op, args, kwargs)
 
     def _assign(self, stmt: ast.Assign) -> None:
         if len(stmt.targets) != 1:
@@ -278,7 +297,7 @@ class _Walk:
                 if (key in self.created and key not in self.host and t.device.type == self.kind
                         and key not in storages):
                     storages[key] = (name, self.created[key].nbytes())
-        live = sum(n for _, n in storages.values())
+        live = sum(n for _, n in storages.values()) + self.scratch
         if live > self.peak:
             self.peak, self.at = live, self._text(stmt)[:160]
             self.alive = tuple(sorted(storages.values(), key=lambda p: -p[1])[:ALIVE_SHOWN])

@@ -88,7 +88,7 @@ def test_regional_step_holds_the_budget_with_eagers_gradients(share: float) -> N
         torch.testing.assert_close(got.grad, want.grad, msg=name)
     blocks = [r for r in rematc.records() if r.calls == LAYERS]
     # Compiled once for all the layers, or once per plan of a mix, each layer run by one.
-    assert len(blocks) == 1 and blocks[0].blocks == () or _each_block_once(blocks)
+    assert (len(blocks) == 1 and blocks[0].blocks == ()) or _each_block_once(blocks)
     assert all(r.calls == 1 for r in rematc.records() if r not in blocks)
     if share < 1:
         assert all(r.solver != "save_all" for r in blocks)
