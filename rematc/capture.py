@@ -30,7 +30,7 @@ import operator
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -1118,7 +1118,8 @@ def _steps_to_new_values(updates: Sequence[fx.Node], aliases: set[fx.Node],
                          forward: frozenset[fx.Node]) -> set[fx.Node]:
     """The forward nodes computed from a mutated input (one of ``aliases``) on the way to
     a value an update (``copy_(input, value)``, one of ``updates``) writes into an input:
-    those that descend from the input and lead to the value, the value included."""
+    those that descend from the input and lead to the value, the value included, of the
+    input's shape and dtype (:func:`_fits_in`)."""
     if not updates:
         return set()
     descends: set[fx.Node] = set()
@@ -1129,13 +1130,27 @@ def _steps_to_new_values(updates: Sequence[fx.Node], aliases: set[fx.Node],
             descends.add(n)
             frontier.extend(u for u in n.users if u in forward)
     steps: set[fx.Node] = set()
-    frontier = [u.args[1] for u in updates if u.args[0] in aliases]  # type: ignore[misc]
+    seen: set[fx.Node] = set()
+    frontier = [(u.args[1], u.args[0]) for u in updates if u.args[0] in aliases]
     while frontier:
-        n = frontier.pop()
-        if n in descends and n not in steps and n not in updates:
+        n, target = frontier.pop()
+        if not isinstance(n, fx.Node) or n in seen or n not in descends or n in updates:
+            continue
+        seen.add(n)
+        if _fits_in(n, target):  # a value Inductor may compute in the input's buffer
             steps.add(n)
-            frontier.extend(n.all_input_nodes)
+        frontier.extend((m, target) for m in n.all_input_nodes)
     return steps
+
+
+def _fits_in(n: fx.Node, target: Any) -> bool:
+    """Whether ``n``'s value is one tensor of the shape and dtype of ``target``'s (an
+    input's): one that could be computed in that input's storage. A multi-output op (the
+    functional BatchNorm, whose new running statistics are copied into the buffers) is
+    not, nor are its other outputs."""
+    val, into = n.meta.get("val"), target.meta.get("val") if isinstance(target, fx.Node) else None
+    return (isinstance(val, torch.Tensor) and isinstance(into, torch.Tensor)
+            and val.shape == into.shape and val.dtype == into.dtype)
 
 
 def _offloadable(group: list[fx.Node], costs: dict[fx.Node, NodeCost]) -> bool:
