@@ -611,7 +611,8 @@ def run_case(case: Case) -> Outcome:
             measured[ask.kind] = measured.get(ask.kind, 0) + result.measured
             # The stated minimum must work; after a graph break a later graph may state
             # more (the first error knows the graphs compiled so far), so each round may
-            # raise again with a larger figure, once per graph.
+            # raise again with a larger figure, twice per graph: for its own least, and for
+            # the earlier graphs' backwards beside what it keeps to the step's end.
             stated, rounds = result.min_feasible, 0
             while stated is not None:
                 rounds += 1
@@ -621,7 +622,7 @@ def run_case(case: Case) -> Outcome:
                 key = f"{ask.kind} stated"  # "min stated": the smallest feasible budget
                 measured[key] = measured.get(key, 0) + again.measured
                 if again.min_feasible is not None and (
-                        again.min_feasible <= stated or rounds > _graphs(case)):
+                        again.min_feasible <= stated or rounds > 2 * _graphs(case)):
                     findings.append(Finding(
                         "infeasible", f"stated minimum {stated}",
                         f"asking it raised again (round {rounds}): {again.error}"))
