@@ -229,7 +229,7 @@ class BudgetShare:
         for need in self.needs[k + 1:]:
             reserve = max(reserve, between + need.peak + (need.calls - 1) * need.holds)
             between += need.calls * need.holds
-        return int(SURVEY_MARGIN * reserve)
+        return reserve
 
     def gradients_after(self, graph: tuple[int, int] | None) -> int:
         """Bytes of gradients the graphs after ``graph`` have produced when its backward
@@ -331,11 +331,6 @@ class BudgetShare:
             )
 
 
-# What a graph keeps for the graphs after it, as a multiple of what the survey found
-# they need: the survey traces the step on meta tensors, where some ops take other paths
-# (attention as explicit softmax; the loss head of the tests' Llama needed 163,844 B on
-# the CPU against 114,692 B on meta, 1.43x).
-SURVEY_MARGIN = 1.5
 # Plans of :meth:`RematPartitioner.room_for_calls` before its least-peak plan: each at a
 # budget smaller by the last plan's excess (what it holds shrinks with the budget), or
 # halfway back up.
