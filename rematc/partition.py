@@ -303,13 +303,18 @@ class BudgetShare:
                 _remember_lasting(problem, lasting + between)
 
     def record(self, graph: tuple[int, int] | None, holds: int, problem: Problem | None = None, *,
-               backward_peak: int = 0, lasting: int = 0) -> None:
+               backward_peak: int | None = None, lasting: int | None = None) -> None:
+        """Note what ``graph`` holds when its forward ends (``holds``), and where given its
+        problem, its backward's peak in the step and what it keeps to the step's end (a
+        later call that only corrects ``holds`` leaves those as they were)."""
         if graph is None:
             return
         if problem is not None:
             self.problems[graph] = problem.with_budget(None)
-        self.backward_peaks[graph] = backward_peak
-        self.lasting[graph] = lasting
+        if backward_peak is not None:
+            self.backward_peaks[graph] = backward_peak
+        if lasting is not None:
+            self.lasting[graph] = lasting
         grew = graph in self.holds and holds > self.holds[graph]
         later = [g for g in self.holds if g > graph]
         if grew and later:
@@ -408,9 +413,11 @@ def in_hand(problem: Problem, *, any_budget: bool = False) -> SolveResult | None
 
 
 def forget_plans_in_hand() -> None:
-    """Drop the plans kept by :func:`keep_in_hand` and the solver's stated ones
-    (:func:`solvers.planner.forget_stated`); tests start from none."""
+    """Drop the plans kept by :func:`keep_in_hand`, the solver's stated ones
+    (:func:`solvers.planner.forget_stated`) and what later graphs were found to keep
+    (:func:`lasting_after`); tests start from none."""
     _IN_HAND.clear()
+    _LASTING_AFTER.clear()
     planner.forget_stated()
 
 
@@ -657,12 +664,12 @@ class RematPartitioner(CustomPartitionerFn):
         if over <= 0:
             return
         self.share.remember_lasting(graph, keeps)
-        try:
-            least = plan_for(problem.with_budget(0), self.options).result.report
-            floor_ = 0 if least is None else least.peak  # nothing allocated
+        try:  # a budget of 0 asks for the least-peak plan; one that fits allocates nothing
+            plan_for(problem.with_budget(0), self.options)
+            least_peak = 0
         except InfeasibleBudgetError as e:
-            floor_ = e.min_feasible or 0
-        step = self.share.smallest_step_budget(graph, floor_, self.options)
+            least_peak = e.min_feasible or 0
+        step = self.share.smallest_step_budget(graph, least_peak, self.options)
         where = "" if graph is None else f"{graph_name(graph)}: "
         raise InfeasibleBudgetError(
             budget, None if step is None else max(step + after, budget + over), proven=False,
