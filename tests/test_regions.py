@@ -5,6 +5,7 @@ peak within it, loss and gradients equal to eager's."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -78,6 +79,20 @@ def test_regional_step_holds_the_budget_with_eagers_gradients(share: float) -> N
     """The block compiles to one graph planned for every layer's call; at a binding budget
     the step's measured peak is within it and loss and gradients are eager's."""
     budget = int(share * _unconstrained_step())
+    model, compiled, blocks = _regional_step_as_eagers(budget)
+    # Compiled once for all the layers, or once per plan of a mix, each layer run by one.
+    assert (len(blocks) == 1 and blocks[0].blocks == ()) or _each_block_once(blocks)
+    assert all(r.calls == 1 for r in rematc.records() if r not in blocks)
+    if share < 1:
+        assert all(r.solver != "save_all" for r in blocks)
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: step(compiled)) <= budget + OUTSIDE
+
+
+def _regional_step_as_eagers(budget: int) -> tuple[nn.Module, Any, list[rematc.PartitionRecord]]:
+    """The tests' Llama compiled regionally at ``budget`` on the eager route, one step run
+    with eager's loss and gradients checked; the model, its compiled form and the records
+    of the block's graph."""
     torch._dynamo.reset()
     rematc.clear_records()
     reference, model = llama(), llama()
@@ -86,14 +101,7 @@ def test_regional_step_holds_the_budget_with_eagers_gradients(share: float) -> N
     assert step(compiled).item() == pytest.approx(expected.item(), rel=1e-6)
     for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, msg=name)
-    blocks = [r for r in rematc.records() if r.calls == LAYERS]
-    # Compiled once for all the layers, or once per plan of a mix, each layer run by one.
-    assert (len(blocks) == 1 and blocks[0].blocks == ()) or _each_block_once(blocks)
-    assert all(r.calls == 1 for r in rematc.records() if r not in blocks)
-    if share < 1:
-        assert all(r.solver != "save_all" for r in blocks)
-    model.zero_grad(set_to_none=True)
-    assert profiler_peak(lambda: step(compiled)) <= budget + OUTSIDE
+    return model, compiled, [r for r in rematc.records() if r.calls == LAYERS]
 
 
 def _each_block_once(records: list[rematc.PartitionRecord]) -> bool:
@@ -106,15 +114,7 @@ def test_blocks_run_different_plans_where_a_mix_adds_less_time() -> None:
     is compiled once per plan, each layer runs its own, and loss, gradients and the
     measured peak hold as for one plan."""
     budget = int(0.9 * _unconstrained_step())
-    torch._dynamo.reset()
-    rematc.clear_records()
-    reference, model = llama(), llama()
-    expected = step(reference)
-    compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True)
-    assert step(compiled).item() == pytest.approx(expected.item(), rel=1e-6)
-    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(got.grad, want.grad, msg=name)
-    blocks = [r for r in rematc.records() if r.calls == LAYERS]
+    model, compiled, blocks = _regional_step_as_eagers(budget)
     assert len(blocks) >= 2 and all(r.solver == "mix" for r in blocks)
     assert _each_block_once(blocks)
     assert len({tuple(sorted(r.plan.decisions.items())) for r in blocks}) == len(blocks)
