@@ -482,8 +482,9 @@ def fsdp_reserve(model: torch.nn.Module) -> int:
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not sharded:
         return 0
-    nested = {m: {id(p) for sub in m.modules() if sub is not m and isinstance(sub, FSDPModule)
-                  for p in sub.parameters()} for m in sharded}
+    nested: dict[torch.nn.Module, set[int]] = {
+        m: {id(p) for sub in m.modules() if sub is not m and isinstance(sub, FSDPModule) for p in sub.parameters()}
+        for m in sharded}
 
     def gathered(m: torch.nn.Module) -> int:  # its own parameters, unsharded (a DTensor's numel is global)
         return sum(p.numel() * p.element_size() for p in m.parameters() if id(p) not in nested[m])

@@ -1131,15 +1131,16 @@ def _steps_to_new_values(updates: Sequence[fx.Node], aliases: set[fx.Node],
             frontier.extend(u for u in n.users if u in forward)
     steps: set[fx.Node] = set()
     seen: set[fx.Node] = set()
-    frontier = [(u.args[1], u.args[0]) for u in updates if u.args[0] in aliases]
-    while frontier:
-        n, target = frontier.pop()
+    # (node, the input its value is on the way to)
+    toward: list[tuple[Any, Any]] = [(u.args[1], u.args[0]) for u in updates if u.args[0] in aliases]
+    while toward:
+        n, target = toward.pop()
         if not isinstance(n, fx.Node) or n in seen or n not in descends or n in updates:
             continue
         seen.add(n)
         if _fits_in(n, target):  # a value Inductor may compute in the input's buffer
             steps.add(n)
-        frontier.extend((m, target) for m in n.all_input_nodes)
+        toward.extend((m, target) for m in n.all_input_nodes)
     return steps
 
 

@@ -93,7 +93,7 @@ def profiler_peak(step: Step, *, device: str | torch.device = "cpu") -> int:
     )
     live = peak = 0
     for e in events:
-        live += e.nbytes()
+        live += e.nbytes()  # type: ignore[attr-defined]  # not in torch's stubs
         peak = max(peak, live)
     return peak
 
