@@ -153,7 +153,7 @@ class Backend:
         if planned is not None:
             drop_record(planned)
             self.share.record(planned.graph, sum(c * t.holds for t, c in zip(mix.tiers, mix.counts, strict=True)))
-        partitioner.record = records[-1]
+        partitioner.record = planned  # the figures of ``uniform``, which runs outside a marked block
         runs = [k for k, count in enumerate(mix.counts) for _ in range(count)]
 
         @functools.wraps(compiled[0])  # the calling convention Dynamo reads
