@@ -1097,11 +1097,10 @@ def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],
     own buffer, so a saved step is overwritten by the later ones, and a recomputation from
     it computes from the new value (a gradient half the true one, and the input updated
     again, in a case the fuzzer found)."""
-    updates = [n for n in nodes if n in forward and _mutates(n) and len(n.args) > 1
-               and isinstance(n.args[0], fx.Node) and n.args[0] in costs and isinstance(n.args[1], fx.Node)]
-    mutated = {costs[n.args[0]].owner for n in nodes
-               if n in forward and _mutates(n) and n.args and isinstance(n.args[0], fx.Node)
-               and n.args[0] in costs}
+    mutating = [n for n in nodes if n in forward and _mutates(n) and n.args
+                and isinstance(n.args[0], fx.Node) and n.args[0] in costs]
+    updates = [n for n in mutating if len(n.args) > 1 and isinstance(n.args[1], fx.Node)]  # copy_(input, value)
+    mutated = {costs[n.args[0]].owner for n in mutating if isinstance(n.args[0], fx.Node)}
     if nodes:
         mutated |= {costs[n].owner for n in inputs_updated_after(nodes[0].graph) if n in costs}
     mutated &= {n.name for n in nodes if n.op == "placeholder"}

@@ -66,9 +66,10 @@ from solvers import (
     save_all,
     solve,
 )
-from solvers.baselines import free_values, greedy, plan_with
+from solvers.baselines import free_values, greedy, plan_with, recompute_every
 from solvers.free import floor, least_peak_free, only_free
 from solvers.mix import Tier, best_mix
+from solvers.mix import need as calls_need
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +392,14 @@ _IN_HAND: dict[str, tuple[int | None, Plan]] = {}
 _IN_HAND_MAX = 256
 
 
+def tier(problem: Problem, report: Report) -> Tier:
+    """A plan of one call, as the calls of a step see it (:class:`solvers.mix.Tier`): what
+    it holds after its forward, its forward's and its backward's peaks, its added time."""
+    return Tier(holds=holds_after_forward(problem, report),
+                forward=max(report.timeline[:problem.n_forward], default=0),
+                backward=max(report.timeline[problem.n_forward:], default=0), time=report.added_time)
+
+
 def keep_in_hand(problem: Problem, plan: Plan, options: Options) -> None:
     """Remember ``plan`` as the plan for ``problem`` at its budget (see :func:`plan_for`),
     in this process and in the plan cache, when there is one."""
@@ -591,18 +600,14 @@ class RematPartitioner(CustomPartitionerFn):
         room = problem.budget
         assert room is not None
 
-        def need(report: Report) -> int:
+        def needed(report: Report) -> int:
             # While this call's forward runs, each other one holds its saved values; while
             # its backward runs, each other one holds those (its backward has not run) or
             # its parameters' gradients (it has): the larger, conservatively.
-            holds = holds_after_forward(problem, report)
-            forward = max(report.timeline[:problem.n_forward], default=0)
-            backward = max(report.timeline[problem.n_forward:], default=0)
-            return max(forward + (calls - 1) * holds, backward + (calls - 1) * max(holds, grads),
-                       calls * holds + reserve)
+            return calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve)
 
         def excess(tried: Problem, plan: Plan) -> int:
-            return need(check(tried, plan)) - room
+            return needed(check(tried, plan)) - room
 
         # Budgets tried: one taken down by the last plan's excess, or halfway back up
         # from one no plan met to the last that gave an excess.
@@ -635,12 +640,12 @@ class RematPartitioner(CustomPartitionerFn):
             resorts = [e.plan] if e.plan is not None else []
         else:  # nothing is allocated at all: any plan fits
             return plan_for(problem, self.options), problem
-        resorts.append(plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable}))
+        resorts.append(recompute_every(problem))
         best: tuple[int, float, int, Plan] | None = None  # (need, added time, peak, plan)
         for plan in resorts:
             report = check(problem.with_budget(None), plan)
-            if best is None or (need(report), report.added_time) < best[:2]:
-                best = (need(report), report.added_time, report.peak, plan)
+            if best is None or (needed(report), report.added_time) < best[:2]:
+                best = (needed(report), report.added_time, report.peak, plan)
         if best is None:
             raise InfeasibleBudgetError(room, None, proven=False)
         least, _, peak, plan = best
@@ -690,8 +695,7 @@ class RematPartitioner(CustomPartitionerFn):
         free = problem.with_budget(None)
         full = save_all(free)
         assert full.plan is not None and full.report is not None
-        plans = [uniform, full.plan,
-                 plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})]
+        plans = [uniform, full.plan, recompute_every(problem)]
         least_peak = full.report.peak
         try:  # a budget of 0 asks for the least-peak plan
             plan_for(problem.with_budget(0), self.options)
@@ -712,13 +716,7 @@ class RematPartitioner(CustomPartitionerFn):
             unique.setdefault((tuple(sorted(plan.decisions.items())), repr(plan.schedule), repr(plan.transfers)),
                               plan)
         offered = list(unique.values())
-        tiers = []
-        for plan in offered:
-            report = check(free, plan)
-            tiers.append(Tier(holds=holds_after_forward(problem, report),
-                              forward=max(report.timeline[:problem.n_forward], default=0),
-                              backward=max(report.timeline[problem.n_forward:], default=0),
-                              time=report.added_time))
+        tiers = [tier(problem, check(free, plan)) for plan in offered]
         best = best_mix(tiers, calls, room, grads=grads, reserve=reserve)
         if best is None or best.time >= calls * tiers[0].time * (1 - MIX_GAIN) or best.tiers == (0,):
             return None

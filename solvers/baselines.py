@@ -208,6 +208,12 @@ def plan_with(problem: Problem, recomputed: set[int]) -> Plan:
     return plan_from_decisions(problem, decisions_with(problem, recomputed))
 
 
+def recompute_every(problem: Problem) -> Plan:
+    """Every recomputable candidate recomputed: the plan that holds least (a block
+    checkpointed whole, as HF's gradient checkpointing does)."""
+    return plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})
+
+
 def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:
     """:func:`plan_with`'s decisions: ``recomputed`` less what nothing reads, recomputed;
     everything else the backward or they read, saved."""

@@ -34,7 +34,7 @@ from bench.fuzz import (
     run_case,
     run_step,
 )
-from solvers.baselines import plan_with
+from solvers.baselines import recompute_every
 
 # Cases of the CI slice: each compiles two to five times (a few seconds on a small CPU).
 FAST_EXAMPLES = 8
@@ -147,7 +147,7 @@ def test_no_plan_recomputes_a_step_of_an_inputs_new_value(monkeypatch: pytest.Mo
     assert "z.mul_(0.5)" in forward_source(INPUT_STEPS).text
 
     def recompute_all(problem: Any, options: Any, *, known: Any = None) -> Any:
-        plan = plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})
+        plan = recompute_every(problem)
         return rematc.partition.Planned(rematc.partition._fitting(problem.with_budget(None), plan, "all"),
                                         cached=False)
 
