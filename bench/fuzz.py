@@ -239,7 +239,6 @@ class Source(NamedTuple):
     text: str  # the forward's definition
     modules: dict[str, str]  # attribute -> "linear" or "batchnorm"
     inputs: tuple[str, ...]  # the forward's parameters
-    returns_grad_input: bool  # an output is ``x`` itself, which requires grad
 
 
 def forward_source(case: Case) -> Source:
@@ -295,8 +294,7 @@ def forward_source(case: Case) -> Source:
     if case.int_output:
         outs.append("v0.shape[1] // 2")
     lines.append(f"    return ({', '.join(outs)},)")
-    returns_x = case.x_grad and any(base[k % len(base)] == 0 for k in case.outputs)
-    return Source("\n".join(lines) + "\n", modules, inputs, returns_x)
+    return Source("\n".join(lines) + "\n", modules, inputs)
 
 
 def source_filename(source: Source) -> str:
@@ -480,11 +478,8 @@ def compile_and_check(case: Case, expected: Step, budget: int | float | None, la
     # A byte budget shared by graphs is the step's: measured where rematc planned every
     # graph of the step (a graph without a backward, which it does not plan, computes
     # outside the budget). A fraction is of one graph's peak: measured for one graph only.
-    # Nor where an output is an input that requires grad: autograd adds the gradient it gets
-    # to the compiled backward's own for that input outside the graphs (512 B over a
-    # 3,712 B step, x returned twice; docs/reliability.md, "Fuzzing").
     every_graph = single or (isinstance(budget, int) and len(records) == graphs)
-    measurable = every_graph and not forward_source(case).returns_grad_input
+    measurable = every_graph
     held = held_budget(budget, records[-1], [w.category for w in caught]) if measurable else None
     if isinstance(budget, int) and single:
         findings += [Finding("prediction", label,

@@ -93,6 +93,7 @@ class Backend:
             # planned: the model around the blocks is little compute and much compile time.
             options = dataclasses.replace(options, compiler="eager")
         partitioner = RematPartitioner(options, self.share)
+        partitioner.leaves = leaf_inputs(example_inputs)
         # A regional block's calls are told apart by its index: they may run different plans.
         partitioner.mixes = self.regions and calls is not None and calls > 1
         if options.compiler == "inductor":
@@ -266,6 +267,13 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
+
+
+def leaf_inputs(example_inputs: Sequence[Any]) -> tuple[int, ...]:
+    """The indices of the inputs that are leaf tensors requiring grad: their gradients
+    stay in ``.grad`` to the step's end (:attr:`RematPartitioner.leaves`)."""
+    return tuple(i for i, t in enumerate(example_inputs)
+                 if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf)
 
 
 def _eager(gm: fx.GraphModule, example_inputs: Sequence[Any],

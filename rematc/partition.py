@@ -19,7 +19,7 @@ import pathlib
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -362,15 +362,16 @@ class BudgetWarning(UserWarning):
     """A fraction budget a graph cannot reach: it runs at its smallest feasible peak."""
 
 
-def parameter_gradients(joint: fx.GraphModule, num_fwd_outputs: int, static: Sequence[int]) -> int:
-    """Bytes of the gradients a joint graph's backward produces for its static inputs (the
-    parameters): they stay alive, accumulated, while the step's earlier graphs, or its
-    other calls, run their backwards. An input's gradient is not counted: the backward
-    that reads it frees it. The same for every plan."""
+def kept_gradients(joint: fx.GraphModule, num_fwd_outputs: int, kept: Iterable[int]) -> int:
+    """Bytes of the gradients a joint graph's backward produces for the inputs at indices
+    ``kept``: those whose gradients stay alive, accumulated in ``.grad``, while the step's
+    earlier graphs, or its other calls, run their backwards (the parameters, and the leaf
+    tensors that require grad). Another input's gradient is not counted: the backward that
+    reads it frees it. The same for every plan."""
     outputs = joint.graph.output_node().args[0]
     grads = list(outputs)[num_fwd_outputs:] if isinstance(outputs, list | tuple) else []
     total = 0
-    for i in static:
+    for i in sorted(set(kept)):
         grad = grads[i] if i < len(grads) else None
         val = grad.meta.get("val") if isinstance(grad, fx.Node) else None
         if isinstance(val, torch.Tensor):
@@ -491,6 +492,17 @@ class RematPartitioner(CustomPartitionerFn):
         # that plan instead of planning (one plan of the mix).
         self.mixes = False
         self.mix: Mixed | None = None
+        # Set by the backend: the indices of the graph's inputs that are leaf tensors
+        # requiring grad, whose gradients (in ``.grad``) stay alive to the step's end like
+        # the parameters' (:func:`kept_gradients`). Dynamo's inputs are the caller's own
+        # tensors: after a graph break, a leaf such as a model input read again by a later
+        # graph keeps its gradient while the earlier graphs' backwards run. Such an input
+        # (not a parameter) also gets room for one more gradient of its size beside the
+        # graphs: where gradients reach it from outside the compiled graph too (the step
+        # returns it, which Dynamo does outside the graph, or reads it elsewhere), autograd
+        # sums them into a new tensor, held from the first seed to the end of the backward
+        # (512 B over a 3,712 B step, before).
+        self.leaves: tuple[int, ...] = ()
         self.fixed: Plan | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RematPartitioner:
@@ -729,7 +741,7 @@ class RematPartitioner(CustomPartitionerFn):
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
         # only for the same budget, solver settings and code.
-        return f"{get_hash_for_files(_SOURCES)!r}-{self.options.cache_key()}"
+        return f"{get_hash_for_files(_SOURCES)!r}-{self.options.cache_key()}-{self.leaves}"
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
@@ -749,11 +761,13 @@ class RematPartitioner(CustomPartitionerFn):
         graph = self._graph[0]
         budget, held, calls = None, 0, self.options.calls
         self.mix = None
-        # The room kept for scratch no value holds (Captured.scratch) and for memory
-        # outside the graphs (Options.reserve) is off the budget, like the later graphs'
-        # gradients (``after``), and on the prediction.
-        aside = captured.scratch + self.options.reserve
-        grads = parameter_gradients(joint, num_fwd_outputs, static)
+        # The room kept for scratch no value holds (Captured.scratch), for memory outside
+        # the graphs (Options.reserve) and for the sums of the leaf inputs' gradients
+        # (:attr:`leaves`) is off the budget, like the later graphs' gradients
+        # (``after``), and on the prediction.
+        leaves = [i for i in self.leaves if i not in static]
+        aside = captured.scratch + self.options.reserve + kept_gradients(joint, num_fwd_outputs, leaves)
+        grads = kept_gradients(joint, num_fwd_outputs, [*static, *leaves])
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.fx as fx
 from torch import nn
@@ -18,6 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 import rematc
 from bench import models as bench_models
 from rematc.backend import _boxed_eager
+from rematc.memory import profiler_peak
 from rematc.models import (
     CNNConfig,
     GPTConfig,
@@ -160,3 +163,36 @@ def tiny_llama(layers: int, *, seed: int = 0) -> nn.Module:
                                       max_position_embeddings=64, use_cache=False)
     model: nn.Module = transformers.LlamaForCausalLM(config)
     return model
+
+
+def stated_budgets_hold(make: Callable[[], nn.Module], inputs: Sequence[torch.Tensor],
+                         seeds: Sequence[torch.Tensor]) -> None:
+    """Asks a byte budget under the step's least on the eager route, then each budget
+    rematc states, until one compiles: its step's measured peak (the gradients ``seeds``
+    sent back from the outputs) is within it. Four figures at most."""
+
+    def measured(budget: int) -> int:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = make()
+        compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None)
+        torch.autograd.backward(compiled(*inputs), seeds)  # compiles, or states a budget
+        model.zero_grad(set_to_none=True)
+        for t in inputs:
+            t.grad = None
+        return profiler_peak(lambda: torch.autograd.backward(compiled(*inputs), seeds))
+
+    asked = 1024
+    for _ in range(4):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                peak = measured(asked)
+        except Exception as e:
+            err = infeasible_cause(e)
+            assert err is not None and err.min_feasible is not None and err.min_feasible > asked, repr(e)
+            asked = err.min_feasible
+            continue
+        assert peak <= asked, f"measured {peak} B at the stated budget of {asked} B"
+        return
+    pytest.fail(f"no stated budget compiled after four figures (last {asked} B)")
