@@ -40,7 +40,7 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
                             Q[s] >= sum_{I ends at s} H[I],  Q[s] >= 0,  Q[last] = 0
                 S[s] + Q[s-1] + sum_{I contains s} sum_o F[I,o,s] x[I,o]  <=  budget
                 S[s] +          sum_{I contains s} sum_o B[I,o,s] x[I,o]  <=  budget
-                H[I] <= sum_o (h[I,o] - h[I,ref]) x[I,o]
+                sum_o min(0, h[I,o] - h[I,ref]) x[I,o]  <=  H[I]  <=  sum_o (h[I,o] - h[I,ref]) x[I,o]
                 sum_{I starts at s or later} H[I]  <=  later[s]              for every s
 
 where ``F[I,o,s]`` and ``B[I,o,s]`` are the largest ``T_R(t) + D[I,o](t)`` over the
@@ -50,7 +50,8 @@ every span's forward and before its window: ``S`` of all plus their largest ``T_
 reference's do (``T_R`` counts those offloaded): at most ``h[I,o] - h[I,ref]``, with
 ``h`` an option's saved bytes that may be offloaded, which is negative where the option
 saves less of it than its reference (a span that recomputes a block input between its
-segments does not copy it out either).
+segments does not copy it out either): then ``H[I]`` is exactly that, and the sums of the
+last rows may be below 0 (the spans from ``s`` on send less than R's).
 
 The copy engine out. ``Q[s]`` is what waits for the engine out after segment ``s``'s
 forward: still on the device, so counted at the next segment's forward steps (it is
@@ -470,22 +471,26 @@ class Chain:
                        [self.options[i][k] for i, k in choice])
 
     def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
-        """The chain model's live bytes at each step for ``(span, option)`` pairs: ``T_R``,
-        plus each chosen span's change at the steps its segments own (where its cut has
-        them), plus its kept bytes at the steps owned by later segments or by none. Never
-        below the checker's timeline where the changes add up (the tests check it)."""
+        """The chain model's live bytes at each step for ``(span, option)`` pairs where no
+        span offloads more than its reference: ``T_R``, plus each chosen span's change at
+        the steps its segments own (where its cut has them), plus its kept bytes, less
+        ``H`` at its least (what of its reference's offloaded values it does not save), at
+        the steps owned by later segments or by none. Never below the checker's timeline
+        where the changes add up (the tests check it)."""
         own = self.step_owners
         out = list(self.reference.timeline)
+        linked = self.problem.host_bandwidth > 0
         for i, k in choice:
             first, last = self.spans[i]
             option, ref = self.options[i][k], self.options[i][0]
+            kept = option.saved - ref.saved - (min(0, option.hostable - ref.hostable) if linked else 0)
             at = {g: j for j, g in enumerate(self.cuts[i].steps) if g >= 0}
             for t, s in enumerate(own):
                 if s is not None and first <= s <= last:
                     if t in at:
                         out[t] += option.timeline[at[t]] - ref.timeline[at[t]]
                 elif s is None or s > last:
-                    out[t] += option.saved - ref.saved
+                    out[t] += kept
         return out
 
     def singles(self) -> list[int]:
@@ -619,12 +624,14 @@ def owners(chain: Chain) -> list[int | None]:
 def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minimize_peak: bool = False,
                 singles: bool = False, hint: Sequence[tuple[int, int]] | None = None,
                 hosts_at_most: Mapping[tuple[int, int], int] | None = None, deadline: Deadline | None = None,
+                fixed: Sequence[tuple[int, int]] = (),
                 ) -> tuple[list[tuple[int, int]], float, bool] | None:
     """Spans covering the chain and one option each: the least added time within
     ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
     with ``singles``, one-segment spans only; ``hint``: pairs to start the search from;
     ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
-    that option offloaded beyond R). Returns the ``(span, option)`` pairs, the model's
+    that option offloaded beyond R); ``fixed``: pairs every solution takes (with
+    ``minimize_peak``, the model's least peak of one cover). Returns the ``(span, option)`` pairs, the model's
     bound (seconds, or bytes for the peak) and whether it is proven optimal; None where
     the chain model has no solution (or none was found within ``deadline``, made from
     ``config`` where not given: building the model and its hint count against it)."""
@@ -650,6 +657,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         ending[last].append(i)
     for s in range(n):
         m.add_exactly_one(v for i in covering[s] for v in x[i])
+    for i, k in fixed:
+        m.add(x[i][k] == 1)
     top = sum(nd.size for nd in p.nodes) // unit + 1
     peak = m.new_int_var(0, top, "peak")
     hosted_from: list[list[cp_model.IntVar]] = [[] for _ in range(n)]  # H[I] by I's first segment
@@ -676,6 +685,9 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
             if linked and any(more):
                 hosted = m.new_int_var(-top, top, f"H{i}")
                 m.add(hosted <= most)
+                # and no less than what of its reference's it does not save: no span gives back
+                # bytes R never sent, which would free the link for the others
+                m.add(hosted >= sum(min(0, h) * v for h, v in zip(more, x[i], strict=True)))
                 change.append(-hosted)
                 issued.append(hosted)
                 hosted_from[chain.spans[i][0]].append(hosted)
@@ -697,7 +709,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     later: cp_model.LinearExprT = 0
     for s, room in reversed(list(enumerate(chain.rooms))):
         if hosted_from[s]:
-            total = m.new_int_var(0, room // unit, f"L{s}")  # a variable, as S[s] is
+            total = m.new_int_var(-top, room // unit, f"L{s}")  # a variable, as S[s] is; below 0 where
+            # the spans from s on carry less than R (they recompute a boundary R offloads)
             m.add(total == later + sum(hosted_from[s]))
             later = total
     if minimize_peak:

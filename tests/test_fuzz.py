@@ -8,6 +8,7 @@ that they find the defects fixed in 93f6e9c and e50e6dc with those fixes taken a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 from typing import Any
 
@@ -191,6 +192,31 @@ def test_a_wrong_gradient_is_a_difference() -> None:
     found = differences(expected, got._replace(grads=grads, outputs=outputs), rtol=1e-4, atol=1e-5)
     assert [d.split(":")[0] for d in found] == ["output 0 requires grad", "grad m1.weight",
                                               "grad head.bias"]
+
+
+def test_under_bf16_rounding_is_judged_by_the_float32_step() -> None:
+    """Under bf16 autocast a gradient that is zero in exact arithmetic (a linear's bias
+    before a training BatchNorm) is rounding noise, as large as itself, on every route:
+    another route's noise is no difference, but a wrong gradient still is (fuzz seed 31,
+    case 99: Inductor's noise differed from eager's by 107% of it)."""
+    fuzzed = case(Op("linear", 0, 0, 0), Op("batchnorm", 1, 0, 0), autocast=True)
+    model, inputs = build(fuzzed)
+    expected = run_step(fuzzed, model, model, inputs)
+    plain = dataclasses.replace(fuzzed, autocast=False)
+    model, inputs = build(plain)
+    truth = run_step(plain, model, model, inputs)
+    bias = expected.grads["grad m0.bias"]
+    assert bias is not None and truth.grads["grad m0.bias"] is not None
+    tol = {"rtol": 2**-5, "atol": 2**-5, "scaled": True}
+    noise = (bias - truth.grads["grad m0.bias"]).abs().max()
+    other = {**expected.grads, "grad m0.bias": truth.grads["grad m0.bias"] - (bias - truth.grads["grad m0.bias"])}
+    assert differences(expected, expected._replace(grads=other), **tol)  # the noise flipped: too far alone
+    assert differences(expected, expected._replace(grads=other), **tol, truth=truth) == []
+    weight = expected.grads["grad m0.weight"]
+    assert weight is not None and noise > 0
+    wrong = {**expected.grads, "grad m0.weight": weight * 1.2}
+    found = differences(expected, expected._replace(grads=wrong), **tol, truth=truth)
+    assert [d.split(":")[0] for d in found] == ["grad m0.weight"]
 
 
 def test_the_smallest_budget_stated_holds_under_bf16_autocast() -> None:
