@@ -204,10 +204,14 @@ def test_the_chain_model_offloads_its_boundaries_and_reaches_lower_budgets(deep_
     assert r.plan is not None and r.report is not None and r.report.fits and r.report.n_offloaded
 
 
-def test_no_option_offloads(deep_chain: chain.Chain) -> None:
-    """Every copy shares the one link, which only the chain level sees: no option
-    offloads."""
-    assert not any(d is OFF for opts in deep_chain.options for o in opts for d in o.decisions.values())
+def test_the_link_is_the_chain_levels_alone(deep_chain: chain.Chain) -> None:
+    """No option offloads (every copy shares the one link, which only the chain level
+    sees), and what the link may carry for the spans from a segment on shrinks to nothing
+    at the forward's end."""
+    built = deep_chain
+    assert not any(d is OFF for opts in built.options for o in opts for d in o.decisions.values())
+    rooms = chain.link_rooms(built)
+    assert rooms[-1] == 0 and max(rooms) > 0
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +280,7 @@ def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_lin
         small_linked_chain: chain.Chain) -> None:
     """With each random cover fixed, the chain model has a solution, at most the cover's
     prediction (which offloads nothing beyond R), and below it by at most what the link
-    may carry beyond R's copies plus what the cover's spans no longer send (boundaries R
+    can carry beyond R's copies plus what the cover's spans no longer send (boundaries R
     offloads that they recompute).
 
     Both were real: the link's room for the spans from a segment on could not go below
@@ -285,14 +289,29 @@ def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_lin
     could give back bytes R never sent to free the link for the others (20 of 100 covers
     here below that bound, one of them 5.3% under the checker's peak of its plan)."""
     built = small_linked_chain
+    p = built.problem
+    # Every copy out runs during the forward, on one engine: beyond R's copies the link
+    # carries at most its bandwidth times the forward's compute, less those.
+    link = p.host_bandwidth * sum(p.nodes[v].time for v in range(p.n_forward)) - built.reference.offloaded_bytes
     config = SolverConfig(time_limit=10.0, workers=1)
-    for cover in random_covers(built, 60):
+    least = chain.solve_chain(built, None, config, minimize_peak=True)  # the cover that gains most
+    assert least is not None
+    for cover in [least[0], *random_covers(built, 60)]:
         solved = chain.solve_chain(built, None, config, minimize_peak=True, fixed=cover)
         assert solved is not None, f"the cover {cover} is out of the chain model"
         predicted = max(built.predict(cover))
         given_back = sum(max(0, built.options[i][0].hostable - built.options[i][k].hostable) for i, k in cover)
         assert solved[1] <= predicted
-        assert predicted - solved[1] <= max(built.rooms) + given_back, cover
+        assert predicted - solved[1] <= link + given_back, cover
+
+
+def test_the_copy_engine_out_carries_the_forwards_compute_time(deep_chain: chain.Chain) -> None:
+    """What the chain model lets the engine out carry during the segments' forwards, plus
+    what R's plan copies out, is the link's bandwidth times the forward's compute."""
+    built = deep_chain
+    p = built.problem
+    forward = sum(p.nodes[k].time for seg in built.segments for k in range(seg.forward[0], seg.forward[1] + 1))
+    assert sum(built.drains) + built.reference.offloaded_bytes == pytest.approx(p.host_bandwidth * forward, rel=1e-6)
 
 
 def test_a_one_segment_plan_with_no_bound_proven_is_searched_again_from_no_hint(
