@@ -748,8 +748,8 @@ def _hint(m: cp_model.CpModel, choices: Sequence[cp_model.IntVar], values: Seque
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_deterministic_time = min(HINT_WORK, deadline.left()) if deadline.deterministic else HINT_WORK
-    if not deadline.deterministic:
-        solver.parameters.max_time_in_seconds = max(LEAST_SOLVE, deadline.left())
+    solver.parameters.max_time_in_seconds = max(LEAST_SOLVE, deadline.wall_left() if deadline.deterministic
+                                                else deadline.left())
     solver.parameters.catch_sigint_signal = False
     if solved(solver, fixed, deadline) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         for j in range(len(m.proto.variables)):

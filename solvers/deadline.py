@@ -18,6 +18,14 @@ from typing import Protocol
 
 from solvers.checker import replayed
 
+# Under ``deterministic``, the wall seconds a solve may take, as a multiple of its limit.
+# The work a limit counts (CP-SAT's deterministic seconds, and the checker's replays) ran
+# 4-5x slower than the clock on a busy 2-core machine (a Llama-2-70B step at a 20 s limit:
+# 89-95 s, docs/scale.md, "Time limits"); past this the solve stops anyway, and its plan
+# may then differ between runs (:attr:`Deadline.by_wall`). A quarter over the limit keeps
+# a 20 s solve within 30 s with the fixed work after it.
+WALL_BACKSTOP = 1.25
+
 # The checker's pace, in values replayed per second (random layered graphs of 100-1000
 # values at 80-90% budgets, one core: 0.58-0.84 million): turns a replay into the work a
 # deterministic limit counts.
@@ -36,7 +44,8 @@ class Limits(Protocol):
 
 class Deadline:
     """``seconds`` from when it is made: of wall time, or under ``deterministic`` of the
-    work counted since (by it and by its parts)."""
+    work counted since (by it and by its parts), and then also, as a backstop, of
+    ``WALL_BACKSTOP`` times as many wall seconds from when the first deadline was made."""
 
     def __init__(self, seconds: float, *, deterministic: bool = False, parent: Deadline | None = None) -> None:
         if math.isnan(seconds) or seconds < 0:
@@ -47,6 +56,10 @@ class Deadline:
         self.started = time.perf_counter()
         self.replays_from = replayed()
         self.work = 0.0  # CP-SAT's deterministic seconds, of the solves here and in its parts
+        # The wall clock's backstop under ``deterministic`` (the first deadline's; parts
+        # read it there), and whether it ended a stage before the work did.
+        self.wall = seconds * WALL_BACKSTOP if deterministic and parent is None else math.inf
+        self.by_wall = False
 
     @classmethod
     def of(cls, config: Limits) -> Deadline:
@@ -60,11 +73,27 @@ class Deadline:
         return time.perf_counter() - self.started
 
     def left(self) -> float:
-        """What is left (0 at least), of this deadline and of every one it is a part of."""
+        """What is left (0 at least), of this deadline and of every one it is a part of;
+        under ``deterministic`` no more than the wall clock's backstop leaves."""
         own = self.seconds - self.spent()
         if self.parent is not None:
             own = min(own, self.parent.left())
+        if self.deterministic:
+            wall = self.wall_left()
+            if wall < own:
+                own = wall
+                self.root().by_wall = True
         return max(0.0, own)
+
+    def wall_left(self) -> float:
+        """Wall seconds left before the backstop (:data:`WALL_BACKSTOP`); infinite where
+        the deadline counts wall time itself."""
+        root = self.root()
+        return max(0.0, root.wall - (time.perf_counter() - root.started))
+
+    def root(self) -> Deadline:
+        """The first deadline, which this one is a part of (itself where none)."""
+        return self if self.parent is None else self.parent.root()
 
     def expired(self) -> bool:
         return self.left() <= 0.0

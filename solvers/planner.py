@@ -15,10 +15,10 @@ docs/solvers.md, "solvers.solve" and "Time".
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from ortools.sat.python import cp_model
@@ -77,14 +77,29 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, deadline: 
     if problem.single_phase:
         return anywhere.solve(problem, config)
     t0 = time.perf_counter()
-    deadline = deadline or Deadline.of(config)
-    known = known_only(problem, config, deadline=deadline)
-    if known is not None:
-        return known
-    model, solver = _prepare(problem, config, deadline)
-    watch = Watch(seconds=lambda objective: objective_seconds(model.tie_break, problem, objective))
-    code = search(solver, model.cp, config, watch, seeded=model.seed is not None, deadline=deadline)
-    return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled, deadline=deadline)
+    with said_if_stopped_by_wall(deadline or Deadline.of(config), made=deadline is None) as deadline:
+        known = known_only(problem, config, deadline=deadline)
+        if known is not None:
+            return known
+        model, solver = _prepare(problem, config, deadline)
+        watch = Watch(seconds=lambda objective: objective_seconds(model.tie_break, problem, objective))
+        code = search(solver, model.cp, config, watch, seeded=model.seed is not None, deadline=deadline)
+        return finish(problem, config, model, solver, code, started=t0, stalled=watch.stalled, deadline=deadline)
+
+
+@contextlib.contextmanager
+def said_if_stopped_by_wall(deadline: Deadline, *, made: bool) -> Iterator[Deadline]:
+    """``deadline``, and where it was ``made`` for this solve, a warning once the solve
+    ends (or raises) if the wall clock's backstop stopped a deterministic stage
+    (:data:`solvers.deadline.WALL_BACKSTOP`): its plan may then differ between runs."""
+    try:
+        yield deadline
+    finally:
+        if made and deadline.by_wall:
+            log.warning("a deterministic solve ran out of its %g s in wall time before its work "
+                        "(CP-SAT counts its work slower than this machine's clock): it stopped there, and "
+                        "its plan may differ between runs; a larger time_limit keeps it reproducible",
+                        deadline.seconds)
 
 
 def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
@@ -95,8 +110,12 @@ def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *
     ``deadline`` as for :func:`solve`."""
     if problem.single_phase:
         return anywhere.min_feasible_peak(problem, config)
+    with said_if_stopped_by_wall(deadline or Deadline.of(config), made=deadline is None) as deadline:
+        return _min_feasible_peak(problem, config, deadline)
+
+
+def _min_feasible_peak(problem: Problem, config: SolverConfig, deadline: Deadline) -> SolveResult:
     t0 = time.perf_counter()
-    deadline = deadline or Deadline.of(config)
     if not searched_flat(problem):  # the flat search would find less
         known = least_known_peaks(problem, config, deadline=deadline)
     else:
@@ -237,9 +256,11 @@ def explained(problem: Problem, config: SolverConfig, *, deadline: Deadline | No
 def bound_time(config: SolverConfig, deadline: Deadline) -> float:
     """Seconds for the step relaxation (:mod:`solvers.bound`): ``BOUND_SHARE`` of the time
     limit, or what is left of ``deadline`` where that is less (it relaxes one step at
-    least); no limit under ``config.deterministic``, where it runs every step it would
-    (a fixed count: its work does not depend on time, and is not counted)."""
-    return math.inf if config.deterministic else min(config.time_limit * BOUND_SHARE, deadline.left())
+    least); under ``config.deterministic``, where its work is not counted, what the wall
+    clock's backstop leaves (it ends its bound, never the plan)."""
+    if config.deterministic:
+        return deadline.wall_left()
+    return min(config.time_limit * BOUND_SHARE, deadline.left())
 
 
 def bound_kept(config: SolverConfig) -> float:

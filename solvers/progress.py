@@ -108,8 +108,14 @@ def solve_watched(
     Raises :class:`InfeasibleBudgetError` when the budget is proven infeasible.
     """
     restore_sigint()
+    with planner.said_if_stopped_by_wall(Deadline.of(config), made=True) as deadline:  # one for every stage below
+        return _solve_watched(problem, config, deadline, on_progress=on_progress, stop=stop, tick=tick)
+
+
+def _solve_watched(problem: Problem, config: SolverConfig, deadline: Deadline, *,
+                   on_progress: Callable[[Incumbent], None] | None, stop: threading.Event | None,
+                   tick: float) -> Watched:
     t0 = time.perf_counter()
-    deadline = Deadline.of(config)  # one for every stage below
     known = planner.known_only(problem, config, deadline=deadline)
     if known is not None:
         return Watched(known, False, None)

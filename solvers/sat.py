@@ -48,13 +48,14 @@ def make_solver(config: SolverConfig) -> cp_model.CpSolver:
     return s
 
 
-def limit(solver: cp_model.CpSolver, config: SolverConfig, seconds: float) -> None:
+def limit(solver: cp_model.CpSolver, config: SolverConfig, seconds: float, wall: float = math.inf) -> None:
     """Stop ``solver`` after ``seconds``: of wall time, or of CP-SAT's deterministic time
-    under ``config.deterministic`` (then no wall-clock limit, which would make the plan
-    depend on the machine's load)."""
+    under ``config.deterministic``, and then after ``wall`` seconds of wall time only as a
+    backstop (a wall-clock limit that stops it makes the plan depend on the machine's
+    load)."""
     if config.deterministic:
         solver.parameters.max_deterministic_time = seconds
-        solver.parameters.max_time_in_seconds = math.inf
+        solver.parameters.max_time_in_seconds = max(LEAST_SOLVE, wall) if math.isfinite(wall) else math.inf
     else:
         solver.parameters.max_time_in_seconds = seconds
 
@@ -68,7 +69,7 @@ def spent(config: SolverConfig, started: float, work: float) -> float:
 def within(solver: cp_model.CpSolver, config: SolverConfig, deadline: Deadline, seconds: float = math.inf) -> None:
     """Stop ``solver`` at ``seconds`` or at what is left of ``deadline``, whichever is less
     (``LEAST_SOLVE`` at least)."""
-    limit(solver, config, max(LEAST_SOLVE, min(seconds, deadline.left())))
+    limit(solver, config, max(LEAST_SOLVE, min(seconds, deadline.left())), wall=deadline.wall_left())
 
 
 def solved(solver: cp_model.CpSolver, cp: cp_model.CpModel, deadline: Deadline,
