@@ -245,8 +245,10 @@ def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict
     return out
 
 
-# Matmuls whose CPU kernels (oneDNN) allocate scratch in low precision: 50-260 kB for
-# bfloat16 products of a few hundred rows on this project's CPU, none in float32. Each
+# Matmuls whose CPU kernels allocate scratch: oneDNN in low precision (50-260 kB for
+# bfloat16 products of a few hundred rows on this project's CPU, none in float32), and in
+# any precision a contiguous copy of an operand broadcast along a dimension (stride 0: a
+# mean expanded to the input's shape, then a linear layer), which BLAS cannot read. Each
 # returns one tensor, so no value of its own can hold the scratch for its step only: the
 # step keeps room for the largest (:func:`transient_scratch`).
 LOW_PRECISION_MATMULS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default,
@@ -275,8 +277,8 @@ def wrapped_scalars(node: fx.Node) -> int:
 
 def transient_scratch(nodes: Sequence[fx.Node], *, scalars: bool = False) -> int:
     """The most scratch memory one op of ``nodes`` allocates beside its outputs while it
-    runs: the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16,
-    measured once per distinct call, as :func:`workspaces` measures its kernels, and with
+    runs: the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16, or with
+    a broadcast operand, measured once per distinct call, as :func:`workspaces` measures its kernels, and with
     ``scalars`` (ATen's kernels run the ops) the CPU ops' :func:`wrapped_scalars`, at
     :data:`WRAPPED_SCALAR_BYTES` each. Only one op runs at a time, so a step that keeps
     this much room holds whichever runs at its peak. 0 where there are none; a call that
@@ -289,7 +291,7 @@ def transient_scratch(nodes: Sequence[fx.Node], *, scalars: bool = False) -> int
             continue
         if scalars and wrapped_scalars(node):
             wrapped[node] = WRAPPED_SCALAR_BYTES * wrapped_scalars(node)
-        if node.target in LOW_PRECISION_MATMULS and outs[0].dtype in LOW_PRECISION:
+        if node.target in LOW_PRECISION_MATMULS and (outs[0].dtype in LOW_PRECISION or _broadcast_operand(node)):
             try:
                 calls[node] = _call(node, channels_last=False)
             except TypeError as e:
@@ -297,6 +299,18 @@ def transient_scratch(nodes: Sequence[fx.Node], *, scalars: bool = False) -> int
     _measure_missing(calls.values())
     return max((_WORKSPACES.get(calls.get(n, ""), 0) + wrapped.get(n, 0) for n in {*calls, *wrapped}),
                default=0)
+
+
+def _broadcast_operand(node: fx.Node) -> bool:
+    """Whether a tensor operand of ``node`` is broadcast: stride 0 along a dimension of
+    more than one element."""
+    for arg in node.args:
+        t = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if isinstance(t, torch.Tensor) and any(
+                optimization_hint(size) > 1 and optimization_hint(stride) == 0
+                for size, stride in zip(t.shape, t.stride(), strict=True)):
+            return True
+    return False
 
 
 def _measure_missing(calls: Iterable[str]) -> None:

@@ -486,3 +486,23 @@ def test_the_stated_budget_holds_where_the_step_returns_an_input_that_requires_g
     stated smallest budget measured 512 B over it (3,648 B against 3,136 B)."""
     x = torch.randn(8, 16, requires_grad=True)
     stated_budgets_hold(ReturnsItsInput, [x], [torch.randn(8, 16) for _ in range(3)])
+
+
+class BroadcastIntoLinear(nn.Module):
+    """A row mean broadcast back to the input's shape, then a linear layer: the CPU matmul
+    copies its stride-0 operand to a contiguous buffer while it runs, forward and backward
+    (bench/fuzz.py seed 32, case 277)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.m = nn.Linear(d, d)
+        self.head = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.m(x.mean(dim=1, keepdim=True).expand(x.shape)))
+
+
+def test_the_stated_budget_holds_where_a_matmul_reads_a_broadcast_operand() -> None:
+    """The copy counts as the product's scratch. Before, the stated smallest budget
+    measured 256 B over it (20,736 B against 20,480 B)."""
+    stated_budgets_hold(BroadcastIntoLinear, [torch.randn(32, 32)], [torch.randn(32, 32)])
