@@ -45,7 +45,7 @@ class Limits(Protocol):
 class Deadline:
     """``seconds`` from when it is made: of wall time, or under ``deterministic`` of the
     work counted since (by it and by its parts), and then also, as a backstop, of
-    ``WALL_BACKSTOP`` times as many wall seconds from when the first deadline was made."""
+    ``WALL_BACKSTOP`` times as many wall seconds."""
 
     def __init__(self, seconds: float, *, deterministic: bool = False, parent: Deadline | None = None) -> None:
         if math.isnan(seconds) or seconds < 0:
@@ -56,9 +56,10 @@ class Deadline:
         self.started = time.perf_counter()
         self.replays_from = replayed()
         self.work = 0.0  # CP-SAT's deterministic seconds, of the solves here and in its parts
-        # The wall clock's backstop under ``deterministic`` (the first deadline's; parts
-        # read it there), and whether it ended a stage before the work did.
-        self.wall = seconds * WALL_BACKSTOP if deterministic and parent is None else math.inf
+        # The wall clock's backstop under ``deterministic``, of this deadline and of every
+        # one it is a part of (a stage's share of the work gets its share of the wall
+        # clock), and whether it ended a stage before the work did.
+        self.wall = seconds * WALL_BACKSTOP if deterministic else math.inf
         self.by_wall = False
 
     @classmethod
@@ -86,10 +87,13 @@ class Deadline:
         return max(0.0, own)
 
     def wall_left(self) -> float:
-        """Wall seconds left before the backstop (:data:`WALL_BACKSTOP`); infinite where
-        the deadline counts wall time itself."""
-        root = self.root()
-        return max(0.0, root.wall - (time.perf_counter() - root.started))
+        """Wall seconds left before the backstop (:data:`WALL_BACKSTOP`), of this deadline
+        and of every one it is a part of; infinite where the deadline counts wall time
+        itself."""
+        own = self.wall - (time.perf_counter() - self.started)
+        if self.parent is not None:
+            own = min(own, self.parent.wall_left())
+        return max(0.0, own)
 
     def root(self) -> Deadline:
         """The first deadline, which this one is a part of (itself where none)."""
