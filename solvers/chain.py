@@ -51,7 +51,11 @@ reference's do (``T_R`` counts those offloaded): at most ``h[I,o] - h[I,ref]``, 
 ``h`` an option's saved bytes that may be offloaded, which is negative where the option
 saves less of it than its reference (a span that recomputes a block input between its
 segments does not copy it out either): then ``H[I]`` is exactly that, and the sums of the
-last rows may be below 0 (the spans from ``s`` on send less than R's).
+last rows may be below 0 (the spans from ``s`` on send less than R's). An option that
+recomputes a boundary inside its span reads what it recomputes it from early in the
+backward, for the later segment's window, so R's copy of a value from before the span may
+no longer hide: those bytes (``Chain.lost``) count on the device at the later segments'
+steps, and come off ``h`` with the boundaries it saves inside the span.
 
 The copy engine out. ``Q[s]`` is what waits for the engine out after segment ``s``'s
 forward: still on the device, so counted at the next segment's forward steps (it is
@@ -423,6 +427,13 @@ class Chain:
     # R's and the one whose options save most to offload): a solve keeps that much of its
     # time limit for its last plan (half a second on a 405B-shaped step).
     judge_s: float = 0.0
+    # For each span and option, the bytes of what R's plan offloads that the option reads
+    # early (it recomputes a boundary inside the span, and with it the first segment's
+    # values, for the later segment's backward: what that reads from before the span must
+    # be back from the host that much sooner, and its copies may no longer hide); counted
+    # on the device at the later segments' steps and after the span (:func:`lost`). Empty
+    # without a host link.
+    lost: tuple[tuple[int, ...], ...] = ()
 
     @functools.cached_property
     def step_owners(self) -> tuple[int | None, ...]:
@@ -453,12 +464,30 @@ class Chain:
             out = {}
             for i in covering[s]:
                 ref, at = self.options[i][0].timeline, local_at[i]
-                out[i] = tuple(max(base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0) for t in steps)
-                               for o in self.options[i])
+                early = self.early(i) if s > self.spans[i][0] else (0,) * len(self.options[i])
+                out[i] = tuple(max(base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0) for t in steps) + e
+                               for o, e in zip(self.options[i], early, strict=True))
             return out
 
         return tuple((most(s, [t for t in steps if t < f]), most(s, [t for t in steps if t >= f]))
                      for s, steps in enumerate(steps_of))
+
+    def early(self, i: int) -> tuple[int, ...]:
+        """:attr:`lost` of span ``i``, by option (all 0 where not computed)."""
+        return self.lost[i] if self.lost else (0,) * len(self.options[i])
+
+    def more(self, i: int, k: int) -> int:
+        """Bytes option ``k`` of span ``i`` saves that may go to the host beyond what its
+        reference's do (``h[I,o] - h[I,ref]``), less what of R's offloaded values it reads
+        early (:attr:`lost`) and, where it recomputes a boundary inside the span, the
+        boundaries inside it that it saves: one of them is read early too, for the
+        recomputation of the next."""
+        option, c = self.options[i][k], self.cuts[i]
+        inner = 0
+        if self.early(i)[k] or any(option.decisions.get(b) is Decision.RECOMPUTE for b in c.boundaries):
+            inner = sum(c.problem.nodes[b].size for b in c.boundaries
+                        if option.decisions.get(b) is Decision.SAVE and c.problem.nodes[b].offloadable)
+        return option.hostable - self.options[i][0].hostable - self.early(i)[k] - inner
 
     @functools.cached_property
     def rooms(self) -> tuple[int, ...]:
@@ -483,12 +512,15 @@ class Chain:
         for i, k in choice:
             first, last = self.spans[i]
             option, ref = self.options[i][k], self.options[i][0]
-            kept = option.saved - ref.saved - (min(0, option.hostable - ref.hostable) if linked else 0)
+            kept = option.saved - ref.saved - (min(0, self.more(i, k)) if linked else 0)
+            early = self.early(i)[k]
             at = {g: j for j, g in enumerate(self.cuts[i].steps) if g >= 0}
             for t, s in enumerate(own):
                 if s is not None and first <= s <= last:
                     if t in at:
                         out[t] += option.timeline[at[t]] - ref.timeline[at[t]]
+                    if s > first:
+                        out[t] += early
                 elif s is None or s > last:
                     out[t] += kept
         return out
@@ -574,7 +606,24 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *, plan
         judge_s = max(judge_s, time.perf_counter() - t0)
     return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
                  distinct=len(by_shape), hosted=tuple(offloaded_by_segment(problem, segments, r_plan)),
-                 drains=tuple(drains(problem, segments, r_plan)), judge_s=judge_s)
+                 drains=tuple(drains(problem, segments, r_plan)), judge_s=judge_s,
+                 lost=lost(problem, cuts, opts, r_plan))
+
+
+def lost(problem: Problem, cuts: Sequence[Cut], options: Sequence[Sequence[Option]], reference: Plan
+         ) -> tuple[tuple[int, ...], ...]:
+    """:attr:`Chain.lost`: for each span's cut and option, where the option recomputes a
+    boundary inside the span, the bytes of the values from before the span that it reads
+    and ``reference`` (R's plan) offloads; 0 otherwise, and all empty without a host link."""
+    if problem.host_bandwidth <= 0:
+        return ()
+    hosted = set(reference.of(Decision.OFFLOAD))
+    out = []
+    for c, opts in zip(cuts, options, strict=True):
+        read = sum(problem.nodes[-1 - g].size for g in c.steps if g < 0 and -1 - g in hosted)
+        out.append(tuple(read if read and any(o.decisions.get(b) is Decision.RECOMPUTE for b in c.boundaries)
+                         else 0 for o in opts))
+    return tuple(out)
 
 
 def drains(problem: Problem, segments: Sequence[Segment], plan: Plan) -> list[int]:
@@ -679,8 +728,8 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
         issued = []
         for i in ending[s]:  # H[I]: what span I saves that its copies to the host carry off
             # beyond its reference's, which T_R counts offloaded already
-            more = [min(o.hostable - chain.options[i][0].hostable, caps.get((i, k), top * unit)) // unit
-                    for k, o in enumerate(chain.options[i])]
+            more = [min(chain.more(i, k), caps.get((i, k), top * unit)) // unit
+                    for k in range(len(chain.options[i]))]
             most = sum(h * v for h, v in zip(more, x[i], strict=True))
             if linked and any(more):
                 hosted = m.new_int_var(-top, top, f"H{i}")

@@ -276,6 +276,28 @@ def random_covers(built: chain.Chain, n: int, seed: int = 0) -> list[list[tuple[
     return covers
 
 
+def test_the_prediction_is_never_below_the_checker_with_a_host_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For 3,000 random covers of the linked 2-layer GPT with spans of up to two segments,
+    the chain model's prediction without offload beyond R is never below the checker's peak
+    of the composed plan (all 70,728 covers at 50 MB/s, 200 MB/s and 1 GB/s, once). Before,
+    1.6% of them were, by up to 2.7%: a span that recomputes the boundary inside it reads
+    the value from before it early in the backward, so R's copies of it no longer hide
+    (``Chain.lost``), and the prediction did not count what a span no longer sends of R's.
+    With longer spans it still is below for some (7% of these covers at four segments, by
+    up to 4%): a boundary inside a span first read in a later segment's window is
+    recomputed at steps the span does not own (docs/scale.md)."""
+    monkeypatch.setattr(chain, "SPAN", 2)
+    built = chain.build_chain(linked(tiny_gpt(2), 2e8), EVERY_SPAN, planner=planner.PLANNER)
+    assert built is not None and any(last > first for first, last in built.spans)
+    verdicts: dict[tuple[object, ...], int] = {}
+    for cover in random_covers(built, 3000, seed=1):
+        plan = built.plan(cover)
+        key = (tuple(sorted((v, d.value) for v, d in plan.decisions.items())), plan.schedule, plan.transfers)
+        if key not in verdicts:
+            verdicts[key] = check(built.problem, plan).peak
+        assert max(built.predict(cover)) >= verdicts[key], cover
+
+
 def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_link_carries(
         small_linked_chain: chain.Chain) -> None:
     """With each random cover fixed, the chain model has a solution, at most the cover's
@@ -300,7 +322,7 @@ def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_lin
         solved = chain.solve_chain(built, None, config, minimize_peak=True, fixed=cover)
         assert solved is not None, f"the cover {cover} is out of the chain model"
         predicted = max(built.predict(cover))
-        given_back = sum(max(0, built.options[i][0].hostable - built.options[i][k].hostable) for i, k in cover)
+        given_back = sum(max(0, -built.more(i, k)) for i, k in cover)
         assert solved[1] <= predicted
         assert predicted - solved[1] <= link + given_back, cover
 
