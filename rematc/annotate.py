@@ -277,10 +277,11 @@ def wrapped_scalars(node: fx.Node) -> int:
 
 def transient_scratch(nodes: Sequence[fx.Node], *, scalars: bool = False) -> int:
     """The most scratch memory one op of ``nodes`` allocates beside its outputs while it
-    runs: the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16, or with
-    a broadcast operand, measured once per distinct call, as :func:`workspaces` measures its kernels, and with
-    ``scalars`` (ATen's kernels run the ops) the CPU ops' :func:`wrapped_scalars`, at
-    :data:`WRAPPED_SCALAR_BYTES` each. Only one op runs at a time, so a step that keeps
+    runs: the CPU matmuls of :data:`LOW_PRECISION_MATMULS` in bfloat16 or float16, or
+    with a broadcast operand, measured once per distinct call, as :func:`workspaces`
+    measures its kernels, and with ``scalars`` (ATen's kernels run the ops) the CPU ops'
+    :func:`wrapped_scalars`, at :data:`WRAPPED_SCALAR_BYTES` each. Only one op runs at a
+    time, so a step that keeps
     this much room holds whichever runs at its peak. 0 where there are none; a call that
     cannot be measured counts nothing, with a warning."""
     calls: dict[fx.Node, str] = {}

@@ -492,6 +492,7 @@ class RematPartitioner(CustomPartitionerFn):
         # that plan instead of planning (one plan of the mix).
         self.mixes = False
         self.mix: Mixed | None = None
+        self.fixed: Plan | None = None
         # Set by the backend: the indices of the graph's inputs that are leaf tensors
         # requiring grad, whose gradients (in ``.grad``) stay alive to the step's end like
         # the parameters' (:func:`kept_gradients`). Dynamo's inputs are the caller's own
@@ -503,7 +504,6 @@ class RematPartitioner(CustomPartitionerFn):
         # sums them into a new tensor, held from the first seed to the end of the backward
         # (512 B over a 3,712 B step, before).
         self.leaves: tuple[int, ...] = ()
-        self.fixed: Plan | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RematPartitioner:
         return self
