@@ -55,7 +55,9 @@ last rows may be below 0 (the spans from ``s`` on send less than R's). An option
 recomputes a boundary inside its span reads what it recomputes it from early in the
 backward, for the later segment's window, so R's copy of a value from before the span may
 no longer hide: those bytes (``Chain.lost``) count on the device at the later segments'
-steps, and come off ``h`` with the boundaries it saves inside the span.
+steps, and come off ``h`` with the boundaries it saves inside the span. At those steps
+``T_R`` has a boundary R offloads off the device and the span's cut has it on, so what its
+reference saves to offload and the option does not counts there too (``Chain.later_in``).
 
 The copy engine out. ``Q[s]`` is what waits for the engine out after segment ``s``'s
 forward: still on the device, so counted at the next segment's forward steps (it is
@@ -464,7 +466,7 @@ class Chain:
             out = {}
             for i in covering[s]:
                 ref, at = self.options[i][0].timeline, local_at[i]
-                early = self.early(i) if s > self.spans[i][0] else (0,) * len(self.options[i])
+                early = self.later_in(i) if s > self.spans[i][0] else (0,) * len(self.options[i])
                 out[i] = tuple(max(base[t] + (o.timeline[at[t]] - ref[at[t]] if t in at else 0) for t in steps) + e
                                for o, e in zip(self.options[i], early, strict=True))
             return out
@@ -476,18 +478,36 @@ class Chain:
         """:attr:`lost` of span ``i``, by option (all 0 where not computed)."""
         return self.lost[i] if self.lost else (0,) * len(self.options[i])
 
+    def later_in(self, i: int) -> tuple[int, ...]:
+        """Bytes each option of span ``i`` adds to ``T_R`` at the steps of its segments
+        after the first: what of R's copies it reads early (:attr:`lost`) and, where the
+        problem has a host link, what its reference saves to offload and it does not
+        (``T_R`` counts a boundary inside the span R offloads off the device there, and
+        its cut's reference on it, so their difference would take it off twice)."""
+        if self.problem.host_bandwidth <= 0:
+            return (0,) * len(self.options[i])
+        ref = self.options[i][0].hostable
+        return tuple(e + max(0, ref - o.hostable) + self.inner_saved(i, k)
+                     for k, (e, o) in enumerate(zip(self.early(i), self.options[i], strict=True)))
+
+    def inner_saved(self, i: int, k: int) -> int:
+        """Where option ``k`` of span ``i`` recomputes a boundary inside the span, the
+        bytes of those inside it that it saves and that may be offloaded: one of them is
+        read early, for the recomputation of the next, so its copies may no longer hide."""
+        option, c = self.options[i][k], self.cuts[i]
+        if not any(option.decisions.get(b) is Decision.RECOMPUTE for b in c.boundaries):
+            return 0
+        return sum(c.problem.nodes[b].size for b in c.boundaries
+                   if option.decisions.get(b) is Decision.SAVE and c.problem.nodes[b].offloadable)
+
     def more(self, i: int, k: int) -> int:
         """Bytes option ``k`` of span ``i`` saves that may go to the host beyond what its
         reference's do (``h[I,o] - h[I,ref]``), less what of R's offloaded values it reads
         early (:attr:`lost`) and, where it recomputes a boundary inside the span, the
         boundaries inside it that it saves: one of them is read early too, for the
         recomputation of the next."""
-        option, c = self.options[i][k], self.cuts[i]
-        inner = 0
-        if self.early(i)[k] or any(option.decisions.get(b) is Decision.RECOMPUTE for b in c.boundaries):
-            inner = sum(c.problem.nodes[b].size for b in c.boundaries
-                        if option.decisions.get(b) is Decision.SAVE and c.problem.nodes[b].offloadable)
-        return option.hostable - self.options[i][0].hostable - self.early(i)[k] - inner
+        option = self.options[i][k]
+        return option.hostable - self.options[i][0].hostable - self.early(i)[k] - self.inner_saved(i, k)
 
     @functools.cached_property
     def rooms(self) -> tuple[int, ...]:
@@ -509,11 +529,12 @@ class Chain:
         own = self.step_owners
         out = list(self.reference.timeline)
         linked = self.problem.host_bandwidth > 0
+        f = self.problem.n_forward
         for i, k in choice:
             first, last = self.spans[i]
             option, ref = self.options[i][k], self.options[i][0]
             kept = option.saved - ref.saved - (min(0, self.more(i, k)) if linked else 0)
-            early = self.early(i)[k]
+            early = self.later_in(i)[k]
             at = {g: j for j, g in enumerate(self.cuts[i].steps) if g >= 0}
             for t, s in enumerate(own):
                 if s is not None and first <= s <= last:
@@ -522,7 +543,11 @@ class Chain:
                     if s > first:
                         out[t] += early
                 elif s is None or s > last:
-                    out[t] += kept
+                    # where the cut has the step (a boundary inside the span first read in a
+                    # later segment's window is recomputed there), what it holds beyond the
+                    # bytes it keeps
+                    out[t] += kept + (max(0, option.timeline[at[t]] - ref.timeline[at[t]] - option.saved + ref.saved)
+                                      if t in at and t >= f else 0)
         return out
 
     def singles(self) -> list[int]:
