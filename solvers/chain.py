@@ -522,10 +522,12 @@ class Chain:
     def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
         """The chain model's live bytes at each step for ``(span, option)`` pairs where no
         span offloads more than its reference: ``T_R``, plus each chosen span's change at
-        the steps its segments own (where its cut has them), plus its kept bytes, less
-        ``H`` at its least (what of its reference's offloaded values it does not save), at
-        the steps owned by later segments or by none. Never below the checker's timeline
-        where the changes add up (the tests check it)."""
+        the steps its segments own (where its cut has them, and :meth:`later_in` at those
+        of its later segments), plus its kept bytes, less ``H`` at its least (what of its
+        reference's offloaded values it does not save), at the steps owned by later
+        segments or by none (and beyond them, what its cut holds there). Never below the
+        checker's timeline where the changes add up (the tests check it, with a host link
+        on random covers)."""
         own = self.step_owners
         out = list(self.reference.timeline)
         linked = self.problem.host_bandwidth > 0
@@ -705,8 +707,9 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     with ``singles``, one-segment spans only; ``hint``: pairs to start the search from;
     ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
     that option offloaded beyond R); ``fixed``: pairs every solution takes (with
-    ``minimize_peak``, the model's least peak of one cover). Returns the ``(span, option)`` pairs, the model's
-    bound (seconds, or bytes for the peak) and whether it is proven optimal; None where
+    ``minimize_peak``, the model's least peak of one cover). Returns the ``(span, option)``
+    pairs, the model's bound (seconds, or bytes for the peak) and whether it is proven
+    optimal; None where
     the chain model has no solution (or none was found within ``deadline``, made from
     ``config`` where not given: building the model and its hint count against it)."""
     deadline = deadline or Deadline.of(config)

@@ -302,10 +302,10 @@ def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_lin
     offloads that they recompute).
 
     Both were real: the link's room for the spans from a segment on could not go below
-    zero, so a cover whose last spans recompute a boundary R offloads had no solution (3 of
-    8 random covers of the deep GPT), and ``H`` was bounded below only by ``-top``, so a span
-    could give back bytes R never sent to free the link for the others (20 of 100 covers
-    here below that bound, one of them 5.3% under the checker's peak of its plan)."""
+    zero, so a cover whose last spans recompute a boundary R offloads had no solution (18
+    of these 60), and ``H`` was bounded below only by ``-top``, so a span could give back
+    bytes R never sent to free the link for the others (20 of 100 random covers gained
+    more than the link's room, one of them to 5.3% under the checker's peak of its plan)."""
     built = small_linked_chain
     p = built.problem
     # Every copy out runs during the forward, on one engine: beyond R's copies the link
