@@ -396,9 +396,9 @@ def differences(expected: Step, got: Step, *, rtol: float, atol: float, scaled: 
     """Every entry of ``got`` that is not ``expected``'s, with by how much; with ``scaled``,
     ``atol`` is a share of the largest magnitude of the expected tensor. With ``truth``
     (the step in float32, where ``expected`` ran under bf16 autocast), a tensor no further
-    from ``truth`` than twice ``expected`` is is rounding, not a difference: a gradient that
-    is zero in exact arithmetic (a bias before a BatchNorm) is bf16 noise in both, and
-    differs by as much as it is large."""
+    from ``truth`` than twice as far as ``expected`` is counts as rounding, not a
+    difference: a gradient that is zero in exact arithmetic (a bias before a BatchNorm) is
+    bf16 noise in both, and differs by as much as it is large."""
     out: list[str] = []
     for part in ("outputs", "grads", "state"):
         want: dict[str, Any] = getattr(expected, part)

@@ -120,7 +120,7 @@ def test_every_path_ends_within_its_time_limit(path: str) -> None:
         assert isinstance(found, InfeasibleBudgetError) and found.min_feasible is not None
 
 
-def test_a_deterministic_solve_counts_its_work_against_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_deterministic_solve_counts_its_work_against_the_limit() -> None:
     """Under ``deterministic`` every span's options were searched, whatever the limit
     (29 s here); the work counted ends within the limit, and where it ends does not
     depend on the clock: the same work and the same plan again (with the wall clock's
