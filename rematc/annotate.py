@@ -281,9 +281,8 @@ def transient_scratch(nodes: Sequence[fx.Node], *, scalars: bool = False) -> int
     with a broadcast operand, measured once per distinct call, as :func:`workspaces`
     measures its kernels, and with ``scalars`` (ATen's kernels run the ops) the CPU ops'
     :func:`wrapped_scalars`, at :data:`WRAPPED_SCALAR_BYTES` each. Only one op runs at a
-    time, so a step that keeps
-    this much room holds whichever runs at its peak. 0 where there are none; a call that
-    cannot be measured counts nothing, with a warning."""
+    time, so a step that keeps this much room holds whichever runs at its peak. 0 where
+    there are none; a call that cannot be measured counts nothing, with a warning."""
     calls: dict[fx.Node, str] = {}
     wrapped: dict[fx.Node, int] = {}
     for node in nodes:
