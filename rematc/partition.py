@@ -363,15 +363,15 @@ class BudgetWarning(UserWarning):
 
 
 def kept_gradients(joint: fx.GraphModule, num_fwd_outputs: int, kept: Iterable[int]) -> int:
-    """Bytes of the gradients a joint graph's backward produces for the inputs at indices
-    ``kept``: those whose gradients stay alive, accumulated in ``.grad``, while the step's
-    earlier graphs, or its other calls, run their backwards (the parameters, and the leaf
-    tensors that require grad). Another input's gradient is not counted: the backward that
-    reads it frees it. The same for every plan."""
+    """Bytes of the gradients a joint graph's backward produces for the inputs at the
+    distinct indices ``kept``: those whose gradients stay alive, accumulated in ``.grad``,
+    while the step's earlier graphs, or its other calls, run their backwards (the
+    parameters, and the leaf tensors that require grad). Another input's gradient is not
+    counted: the backward that reads it frees it. The same for every plan."""
     outputs = joint.graph.output_node().args[0]
     grads = list(outputs)[num_fwd_outputs:] if isinstance(outputs, list | tuple) else []
     total = 0
-    for i in sorted(set(kept)):
+    for i in kept:
         grad = grads[i] if i < len(grads) else None
         val = grad.meta.get("val") if isinstance(grad, fx.Node) else None
         if isinstance(val, torch.Tensor):
@@ -725,8 +725,7 @@ class RematPartitioner(CustomPartitionerFn):
                 plans.append(found)
         unique: dict[tuple[Any, ...], Plan] = {}
         for plan in plans:
-            unique.setdefault((tuple(sorted(plan.decisions.items())), repr(plan.schedule), repr(plan.transfers)),
-                              plan)
+            unique.setdefault(plan.key, plan)
         offered = list(unique.values())
         tiers = [tier(problem, check(free, plan)) for plan in offered]
         best = best_mix(tiers, calls, room, grads=grads, reserve=reserve)
@@ -765,9 +764,9 @@ class RematPartitioner(CustomPartitionerFn):
         # the graphs (Options.reserve) and for the sums of the leaf inputs' gradients
         # (:attr:`leaves`) is off the budget, like the later graphs' gradients
         # (``after``), and on the prediction.
-        leaves = [i for i in self.leaves if i not in static]
-        aside = captured.scratch + self.options.reserve + kept_gradients(joint, num_fwd_outputs, leaves)
-        grads = kept_gradients(joint, num_fwd_outputs, [*static, *leaves])
+        summed = kept_gradients(joint, num_fwd_outputs, (i for i in self.leaves if i not in static))
+        aside = captured.scratch + self.options.reserve + summed
+        grads = kept_gradients(joint, num_fwd_outputs, static) + summed
         # The plan of the model's own activation checkpointing, when it has any.
         own = plan_with(captured.problem, set(captured.checkpointed)) if captured.checkpointed else None
         if self.options.budget is not None:

@@ -85,6 +85,12 @@ class Plan:
         nodes = [s.node for s in self.schedule]
         return len(nodes) != len(set(nodes))
 
+    @property
+    def key(self) -> tuple[object, ...]:
+        """The plan as a hashable value, equal for equal plans (its decisions, in order,
+        its schedule and its transfers): to tell distinct plans apart."""
+        return tuple(sorted(self.decisions.items())), self.schedule, self.transfers
+
     def of(self, decision: Decision) -> tuple[int, ...]:
         return tuple(sorted(i for i, d in self.decisions.items() if d is decision))
 

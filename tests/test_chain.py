@@ -117,10 +117,9 @@ def test_the_chain_optimum_equals_brute_force_over_its_spans_and_options(monkeyp
     verdicts: dict[tuple[object, ...], Report] = {}
     for c in choices:
         plan = built.plan(c)
-        key = (tuple(sorted((v, d.value) for v, d in plan.decisions.items())), plan.schedule, plan.transfers)
-        if key not in verdicts:
-            verdicts[key] = check(problem, plan)
-        replays.append(verdicts[key])
+        if plan.key not in verdicts:
+            verdicts[plan.key] = check(problem, plan)
+        replays.append(verdicts[plan.key])
     for c, model, replay in zip(choices, predicted, replays, strict=True):
         assert model >= replay.peak
         if all(built.spans[i][0] == built.spans[i][1] for i, _ in c):
