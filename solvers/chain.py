@@ -132,6 +132,7 @@ PEAK_SHARE = 0.5  # of what is left, at most, for the least-peak search; the sea
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
+SHORT = 2  # segments, at most, of the spans searched where one-segment spans fit no plan (solve)
 FAR = 1.25  # times the model's bound: a one-segment plan adding more is searched again, from no hint
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
@@ -698,13 +699,14 @@ def owners(chain: Chain) -> list[int | None]:
 
 
 def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minimize_peak: bool = False,
-                singles: bool = False, hint: Sequence[tuple[int, int]] | None = None,
+                singles: bool = False, longest: int | None = None, hint: Sequence[tuple[int, int]] | None = None,
                 hosts_at_most: Mapping[tuple[int, int], int] | None = None, deadline: Deadline | None = None,
                 fixed: Sequence[tuple[int, int]] = (),
                 ) -> tuple[list[tuple[int, int]], float, bool] | None:
     """Spans covering the chain and one option each: the least added time within
     ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
-    with ``singles``, one-segment spans only; ``hint``: pairs to start the search from;
+    with ``singles``, one-segment spans only, with ``longest``, spans of at most that many
+    segments; ``hint``: pairs to start the search from;
     ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
     that option offloaded beyond R); ``fixed``: pairs every solution takes (with
     ``minimize_peak``, the model's least peak of one cover). Returns the ``(span, option)``
@@ -720,15 +722,16 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     base = chain.reference.timeline
     unowned = [t for t, s in enumerate(chain.step_owners) if s is None]
 
+    longest = 1 if singles else longest
     m = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{i}_{k}") for k in range(len(opts))]
-         if not singles or chain.spans[i][0] == chain.spans[i][1] else []
+         if longest is None or chain.spans[i][1] - chain.spans[i][0] < longest else []
          for i, opts in enumerate(chain.options)]
     covering: list[list[int]] = [[] for _ in range(n)]
     ending: list[list[int]] = [[] for _ in range(n)]
     for i, (first, last) in enumerate(chain.spans):
         if not x[i]:
-            continue  # left out (singles)
+            continue  # left out (longer than ``longest``)
         for s in range(first, last + 1):
             covering[s].append(i)
         ending[last].append(i)
@@ -879,7 +882,11 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     reserve = 0.0 if config.deterministic else chain.judge_s
     # One-segment spans first: a much smaller model, whose windows do not interleave, so
     # that it counts what the checker counts. Its plan then starts the search over all
-    # spans, which has the rest of the time.
+    # spans, which has the rest of the time. Where it has no plan that fits, spans of at
+    # most SHORT segments are searched next: a model that reaches lower, whose plan starts
+    # the search over all spans (on Llama-2-70B's at 0.75x of checkpointing's peak CP-SAT
+    # found no plan of the whole model in 18 s from none in two of three runs; the short
+    # spans' took 10 s to a plan of 535.5 ms).
     # Each search starts from the model's choice at the highest target not above its own
     # (one it allows, unless a cap learnt since forbids it), else at the lowest; the first
     # from none (hinted with R, the least the model keeps, CP-SAT stayed near it on the
@@ -887,7 +894,12 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     found: dict[int, list[tuple[int, int]]] = {}
     caps: dict[tuple[int, int], int] = {}  # hosts_at_most, learnt from composed plans
     solves = 0
-    for singles in (True, False):
+    phases = []
+    for longest in (1, SHORT, None):
+        if longest == SHORT and (best is not None or all(b - a < SHORT for a, b in chain.spans)):
+            continue  # a plan that fits already, or no span longer than the short ones
+        phases.append("all" if longest is None else str(longest))
+        singles, short = longest == 1, longest is not None
         target = budget
         # The model and the checker disagree by an amount that changes with the plan, so
         # between a target whose plan fitted and one whose plan did not, the next is halfway.
@@ -906,15 +918,16 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             below = [t for t in found if target is None or t <= target]
             hint = found[max(below) if below else min(found)] if found else None
             # One-segment spans: a quarter of the time, and the search again three quarters of
-            # what is left (a long chain's search over all spans does not start in less); the
+            # what is left (a long chain's search over all spans does not start in less); short
+            # spans, half of what is left (on the 70B at 0.75x, 5.5 s found no plan, 7 s one); the
             # first search over all spans, two thirds of what is left, keeping time for a
             # budget moved by its excess; then half of it, or all where the search only goes on.
             this_again, again = again, False
             if this_again:
                 hint, share, retried = None, 0.75, True
             else:
-                share = 0.25 if singles else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
-            chosen = solve_chain(chain, target, config, singles=singles, hint=hint, hosts_at_most=caps,
+                share = 0.25 if singles else 0.5 if short else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
+            chosen = solve_chain(chain, target, config, longest=longest, hint=hint, hosts_at_most=caps,
                                  deadline=deadline.part(left * share))
             if chosen is None:
                 if singles and not retried and best is None:
@@ -923,7 +936,8 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 break
             plan = chain.plan(chosen[0])
             report = check(problem, plan)
-            stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=solves)
+            stats.update(chain_bound=chosen[1], chain_optimal=int(chosen[2]), chain_solves=solves,
+                         chain_phases=",".join(phases))
             better = report.fits and (best is None or report.added_time < best[1].added_time)
             if not (this_again and report.fits and not better):  # the search again keeps the better start
                 found[target if target is not None else 2**62] = chosen[0]
@@ -933,8 +947,8 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 if singles and not retried and not chosen[2] and report.added_time > FAR * max(chosen[1], 0.0):
                     again = True  # far above the model's bound, or no bound proven
                     continue
-                if budget is None or target is None or singles:
-                    break  # a plan that fits: the search over all spans starts from it
+                if budget is None or target is None or short:
+                    break  # a plan that fits: the search over longer spans starts from it
                 if budget - report.peak <= budget * LOOSEN:
                     if chosen[2] or (going_on and not better):
                         break  # optimal, or a search that went on found nothing better
