@@ -132,7 +132,7 @@ PEAK_SHARE = 0.5  # of what is left, at most, for the least-peak search; the sea
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
-SHORT = 2  # segments, at most, of the spans searched where one-segment spans fit no plan (solve)
+COARSE = 8  # where one-segment spans fit no plan, the search over all spans first keeps every COARSE-th option (solve)
 FAR = 1.25  # times the model's bound: a one-segment plan adding more is searched again, from no hint
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
@@ -699,14 +699,15 @@ def owners(chain: Chain) -> list[int | None]:
 
 
 def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minimize_peak: bool = False,
-                singles: bool = False, longest: int | None = None, hint: Sequence[tuple[int, int]] | None = None,
+                singles: bool = False, coarse: int | None = None, hint: Sequence[tuple[int, int]] | None = None,
                 hosts_at_most: Mapping[tuple[int, int], int] | None = None, deadline: Deadline | None = None,
                 fixed: Sequence[tuple[int, int]] = (),
                 ) -> tuple[list[tuple[int, int]], float, bool] | None:
     """Spans covering the chain and one option each: the least added time within
     ``budget`` (or, with ``minimize_peak``, the least peak), by CP-SAT on the chain model;
-    with ``singles``, one-segment spans only, with ``longest``, spans of at most that many
-    segments; ``hint``: pairs to start the search from;
+    with ``singles``, one-segment spans only; with ``coarse``, of each span's options only
+    its reference, the one that keeps least and every ``coarse``-th; ``hint``: pairs to
+    start the search from;
     ``hosts_at_most``: for some pairs, the most ``H`` may count (what a composed plan with
     that option offloaded beyond R); ``fixed``: pairs every solution takes (with
     ``minimize_peak``, the model's least peak of one cover). Returns the ``(span, option)``
@@ -722,21 +723,26 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
     base = chain.reference.timeline
     unowned = [t for t, s in enumerate(chain.step_owners) if s is None]
 
-    longest = 1 if singles else longest
     m = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{i}_{k}") for k in range(len(opts))]
-         if longest is None or chain.spans[i][1] - chain.spans[i][0] < longest else []
+         if not singles or chain.spans[i][0] == chain.spans[i][1] else []
          for i, opts in enumerate(chain.options)]
     covering: list[list[int]] = [[] for _ in range(n)]
     ending: list[list[int]] = [[] for _ in range(n)]
     for i, (first, last) in enumerate(chain.spans):
         if not x[i]:
-            continue  # left out (longer than ``longest``)
+            continue  # left out (singles)
         for s in range(first, last + 1):
             covering[s].append(i)
         ending[last].append(i)
     for s in range(n):
         m.add_exactly_one(v for i in covering[s] for v in x[i])
+    if coarse is not None:
+        for opts, xs in zip(chain.options, x, strict=True):
+            least = min(range(len(opts)), key=lambda k: (opts[k].saved, opts[k].time)) if xs else 0
+            for k, v in enumerate(xs):
+                if k % coarse and k != least:
+                    m.add(v == 0)
     for i, k in fixed:
         m.add(x[i][k] == 1)
     top = sum(nd.size for nd in p.nodes) // unit + 1
@@ -882,11 +888,11 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     reserve = 0.0 if config.deterministic else chain.judge_s
     # One-segment spans first: a much smaller model, whose windows do not interleave, so
     # that it counts what the checker counts. Its plan then starts the search over all
-    # spans, which has the rest of the time. Where it has no plan that fits, spans of at
-    # most SHORT segments are searched next: a model that reaches lower, whose plan starts
-    # the search over all spans (on Llama-2-70B's at 0.75x of checkpointing's peak CP-SAT
-    # found no plan of the whole model in 18 s from none in two of three runs; the short
-    # spans' took 10 s to a plan of 535.5 ms).
+    # spans, which has the rest of the time. Where it has no plan that fits, all spans are
+    # searched next with few of their options (COARSE): a model that reaches as low, whose
+    # plan starts the search over all options (on Llama-2-70B at 0.75x and 0.6x of
+    # checkpointing's peak CP-SAT found no plan of the whole model in 15-18 s from none,
+    # in most runs; with every eighth option it found one in 2 s and 8 s).
     # Each search starts from the model's choice at the highest target not above its own
     # (one it allows, unless a cap learnt since forbids it), else at the lowest; the first
     # from none (hinted with R, the least the model keeps, CP-SAT stayed near it on the
@@ -895,11 +901,11 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
     caps: dict[tuple[int, int], int] = {}  # hosts_at_most, learnt from composed plans
     solves = 0
     phases = []
-    for longest in (1, SHORT, None):
-        if longest == SHORT and (best is not None or all(b - a < SHORT for a, b in chain.spans)):
-            continue  # a plan that fits already, or no span longer than the short ones
-        phases.append("all" if longest is None else str(longest))
-        singles, short = longest == 1, longest is not None
+    for phase in ("singles", "coarse", "all"):
+        if phase == "coarse" and (best is not None or max(len(o) for o in chain.options) <= COARSE):
+            continue  # a plan that fits already, or no span with more options than that
+        phases.append(phase)
+        singles, first = phase == "singles", phase != "all"
         target = budget
         # The model and the checker disagree by an amount that changes with the plan, so
         # between a target whose plan fitted and one whose plan did not, the next is halfway.
@@ -918,16 +924,17 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             below = [t for t in found if target is None or t <= target]
             hint = found[max(below) if below else min(found)] if found else None
             # One-segment spans: a quarter of the time, and the search again three quarters of
-            # what is left (a long chain's search over all spans does not start in less); short
-            # spans, half of what is left (on the 70B at 0.75x, 5.5 s found no plan, 7 s one); the
+            # what is left (a long chain's search over all spans does not start in less); with
+            # few options, half of what is left; the
             # first search over all spans, two thirds of what is left, keeping time for a
             # budget moved by its excess; then half of it, or all where the search only goes on.
             this_again, again = again, False
             if this_again:
                 hint, share, retried = None, 0.75, True
             else:
-                share = 0.25 if singles else 0.5 if short else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
-            chosen = solve_chain(chain, target, config, longest=longest, hint=hint, hosts_at_most=caps,
+                share = 0.25 if singles else 0.5 if first else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
+            chosen = solve_chain(chain, target, config, singles=singles, coarse=COARSE if phase == "coarse" else None,
+                                 hint=hint, hosts_at_most=caps,
                                  deadline=deadline.part(left * share))
             if chosen is None:
                 if singles and not retried and best is None:
@@ -947,8 +954,8 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
                 if singles and not retried and not chosen[2] and report.added_time > FAR * max(chosen[1], 0.0):
                     again = True  # far above the model's bound, or no bound proven
                     continue
-                if budget is None or target is None or short:
-                    break  # a plan that fits: the search over longer spans starts from it
+                if budget is None or target is None or first:
+                    break  # a plan that fits: the search over all spans and options starts from it
                 if budget - report.peak <= budget * LOOSEN:
                     if chosen[2] or (going_on and not better):
                         break  # optimal, or a search that went on found nothing better

@@ -342,7 +342,7 @@ def test_a_one_segment_plan_with_no_bound_proven_is_searched_again_from_no_hint(
 
     def first_stays_at_r(c: chain.Chain, target: int | None, config: SolverConfig,
                          **kw: Any) -> tuple[list[tuple[int, int]], float, bool] | None:
-        calls.append((kw.get("longest") == 1, kw.get("hint"), kw["deadline"].seconds))
+        calls.append((bool(kw.get("singles")), kw.get("hint"), kw["deadline"].seconds))
         if len(calls) == 1:
             return [(i, 0) for i in c.singles()], 0.0, False  # R, and a bound of nothing
         return real(c, target, config, **kw)
