@@ -85,12 +85,9 @@ def worker(config: str, layers: int, budget: int | None, cache: str) -> dict[str
     model.zero_grad(set_to_none=True)
     peak = profiler_peak(step)
     records = rematc.records()
-    predicted = max((r.held_before + r.predicted_peak + (r.calls - 1) * max(r.holds, r.grads)
-                     for r in records if not r.blocks), default=None)
-    mixed = [r for r in records if r.blocks]  # one regional block's plans, each run by some blocks
-    if mixed:
-        held = sum(len(r.blocks) * r.holds for r in mixed)
-        predicted = max(predicted or 0, mixed[0].held_before + held + max(r.predicted_peak - r.holds for r in mixed))
+    # the step's peak each plan counts on (every call, the graphs around it); a mix's plans
+    # carry the mix's
+    predicted = max((r.step_need for r in records), default=None)
     solve = sum(r.partition_time for r in records)
     return {"config": config, "budget": budget, "first_step": first, "step": statistics.median(times),
             "peak": peak, "predicted": predicted, "loss": loss, "partition_time": solve,

@@ -131,7 +131,9 @@ class Backend:
                     fn = _eager(gm, example_inputs, partitioner)
             finally:
                 partitioner.fixed = None
-            record = partitioner._amend(blocks=tuple(range(start, start + count)))
+            # the step's need is the mix's, which the partitioning that offered it counted
+            record = partitioner._amend(blocks=tuple(range(start, start + count)),
+                                        **({"step_need": planned.step_need} if planned is not None else {}))
             assert record is not None
             start += count
             compiled.append(watching(fn, self.flight, graph_name(record.graph),

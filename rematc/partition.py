@@ -137,6 +137,10 @@ class PartitionRecord:
     # step's budget in bytes that they and the earlier graphs share (None without one).
     calls: int = 1
     step_budget: int | None = None
+    # Bytes: the step's peak this plan counts on, with the earlier graphs' holds
+    # (``held_before``), every call of this graph (in a mix, every plan's calls), what the
+    # later graphs need beside them and keep to the step's end, and ``aside``.
+    step_need: int = 0
     grads: int = 0  # bytes of the parameters' gradients its backward produces
     # In a mix of plans for a graph's calls (:class:`Mixed`): the calls, by position in the
     # step (a regional block's index), that run this plan; () where every call runs it.
@@ -779,7 +783,7 @@ class RematPartitioner(CustomPartitionerFn):
         # Saving everything is right at every shape; a plan under a budget is bounded.
         bounds = bound_dynamic_sizes(joint) if budget is not None else ()
         problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - aside))
-        after = 0
+        after = reserve = 0
         with naming(graph_name(graph)):  # for the status line of a long plan
             try:
                 if budget is None and own is not None:
@@ -817,6 +821,9 @@ class RematPartitioner(CustomPartitionerFn):
         if not report.fits:
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
         holds = holds_after_forward(problem, report)
+        mixed = self.mix
+        need = (calls_need(list(mixed.tiers), list(mixed.counts), grads=mixed.grads, reserve=mixed.reserve)
+                if mixed is not None else calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve))
         keeps = lasting(captured.problem, grads) * calls
         if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
             self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)
@@ -849,7 +856,7 @@ class RematPartitioner(CustomPartitionerFn):
             recomputed=emitted.recomputed, again=emitted.again, problem=problem, plan=result.plan,
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
-            step_budget=None if budget is None else budget + self.squeeze,
+            step_budget=None if budget is None else budget + self.squeeze, step_need=held + after + aside + need,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
         )
         _RECORDS.append(record)
