@@ -214,6 +214,38 @@ def test_the_link_is_the_chain_levels_alone(deep_chain: chain.Chain) -> None:
     assert rooms[-1] == 0 and max(rooms) > 0
 
 
+def test_the_copy_engines_carry_what_the_link_rooms_promise(deep_chain: chain.Chain) -> None:
+    """What ``link_rooms`` lets the spans from each segment on send beyond R's copies is
+    what the copy engines carry: with every one-segment span at its option that saves most
+    for the host, composed as the step's plan (its saved values offered to the engines
+    latest first), the bytes it offloads beyond R's from each segment on are within one
+    value (1 MiB on the deep GPT at 1 GB/s) of what the rooms let those spans send,
+    wherever the options offer more. With the rooms doubled, or halved, this fails."""
+    built = deep_chain
+    p = built.problem
+    singles = built.singles()
+    most = [max(built.options[i], key=lambda o: o.hostable) for i in singles]
+    plan = chain.compose(p, [built.cuts[i] for i in singles], most)
+    carried = chain.offloaded_by_segment(p, built.segments, plan)
+    own = [o.hostable - built.options[i][0].hostable for o, i in zip(most, singles, strict=True)]
+    # every suffix's room bounds the longer ones too: what the spans from s on may send is
+    # at most a later segment's room plus what the segments before that one offer
+    rooms = chain.link_rooms(built)
+    for s in reversed(range(len(rooms) - 1)):
+        rooms[s] = min(rooms[s], rooms[s + 1] + max(0, own[s]))
+    checked = 0
+    for s, room in enumerate(rooms):
+        if sum(own[s:]) <= room or room == 0:
+            continue
+        first = built.segments[s].forward[0]
+        largest = max(p.nodes[v].size for v in (*plan.of(S), *plan.of(OFF))
+                      if first <= v < p.n_forward and p.nodes[v].offloadable)
+        beyond = sum(carried[s:]) - sum(built.hosted[s:])
+        assert room - largest < beyond <= room + largest, (s, room, beyond, largest)
+        checked += 1
+    assert checked >= len(built.segments) // 2
+
+
 @pytest.fixture(scope="module")
 def deep_chain() -> chain.Chain:
     built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2), planner=planner.PLANNER)
