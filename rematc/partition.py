@@ -14,6 +14,7 @@ It plugs into Inductor as ``config_patches={"custom_partitioner_fn": RematPartit
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pathlib
 import time
@@ -464,6 +465,18 @@ def _unbudgeted_key(problem: Problem) -> str:
     return plancache.key(problem.with_budget(None), SolverConfig())
 
 
+def _calls_key(problem: Problem, options: Options, calls: int, *, grads: int, reserve: int) -> str:
+    """The plan cache's key of a plan for ``calls`` calls of the graph of ``problem``
+    within its budget (:meth:`RematPartitioner.room_for_calls`)."""
+    single = plancache.key(problem, options.solver, options.compiler)
+    return hashlib.sha256(f"{single}:calls={calls}:grads={grads}:reserve={reserve}".encode()).hexdigest()
+
+
+def _budget_key(digest: str) -> str:
+    """The plan cache's key of the budget the plan under ``digest`` was planned at."""
+    return hashlib.sha256(f"{digest}:budget".encode()).hexdigest()
+
+
 class GraphBreakWarning(UserWarning):
     """The step compiled to several graphs: they share the budget and cost memory."""
 
@@ -612,7 +625,9 @@ class RematPartitioner(CustomPartitionerFn):
         the excess of the last, or halfway back up where no plan met that; the least-peak
         plan is the last resort. Where that fails
         too, :class:`InfeasibleBudgetError` states what the least-peak plan needs, with the
-        plan (kept in hand by :meth:`least`, so that asking for that budget gets it)."""
+        plan (kept in hand by :meth:`least`, so that asking for that budget gets it).
+        The plan found, and the budget it was planned at, go to the plan cache where there
+        is one, and are taken from it at the same room, calls and reserve."""
         room = problem.budget
         assert room is not None
 
@@ -621,6 +636,20 @@ class RematPartitioner(CustomPartitionerFn):
             # its backward runs, each other one holds those (its backward has not run) or
             # its parameters' gradients (it has): the larger, conservatively.
             return calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve)
+
+        root = plancache.directory(self.options.cache_dir)
+        digest = _calls_key(problem, self.options, calls, grads=grads, reserve=reserve) if root is not None else ""
+        if root is not None:
+            at = plancache.load_note(root, _budget_key(digest))
+            hit = plancache.load(root, digest, problem.with_budget(at)) if isinstance(at, int) else None
+            if hit is not None and hit.report is not None and needed(hit.report) <= room:
+                return Planned(hit, cached=True), problem.with_budget(at)
+
+        def found(planned: Planned, at: Problem) -> tuple[Planned, Problem]:
+            if root is not None and planned.result.plan is not None and at.budget is not None:
+                plancache.store(root, digest, planned.result)
+                plancache.store_note(root, _budget_key(digest), at.budget)
+            return planned, at
 
         def excess(tried: Problem, plan: Plan) -> int:
             return needed(check(tried, plan)) - room
@@ -641,7 +670,7 @@ class RematPartitioner(CustomPartitionerFn):
                           "(%d B over)", calls, tried, check(attempt, planned.result.plan).peak,
                           holds_after_forward(attempt, check(attempt, planned.result.plan)), over)
                 if over <= 0:
-                    return planned, attempt
+                    return found(planned, attempt)
                 over_at = tried
                 tried -= over
             if tried <= none_at:
@@ -669,7 +698,7 @@ class RematPartitioner(CustomPartitionerFn):
             fitted = problem.with_budget(peak + room - least)
             fits = _fitting(fitted, plan, "least-peak")
             assert fits is not None
-            return Planned(fits, cached=False), fitted
+            return found(Planned(fits, cached=False), fitted)
         raise InfeasibleBudgetError(room, least, proven=False, plan=plan)
 
     def check_earlier_backwards(self, problem: Problem, graph: tuple[int, int] | None, keeps: int,
@@ -821,9 +850,9 @@ class RematPartitioner(CustomPartitionerFn):
         if not report.fits:
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
         holds = holds_after_forward(problem, report)
-        mixed = self.mix
-        need = (calls_need(list(mixed.tiers), list(mixed.counts), grads=mixed.grads, reserve=mixed.reserve)
-                if mixed is not None else calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve))
+        mix = self.mix
+        need = (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=mix.reserve)
+                if mix is not None else calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve))
         keeps = lasting(captured.problem, grads) * calls
         if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
             self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)
@@ -921,7 +950,8 @@ class Planned(NamedTuple):
 
 
 def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -> Planned:
-    """The plan for ``problem``, the first of: a cached or in-hand plan the checker accepts;
+    """The plan for ``problem``, the first of: a cached or in-hand plan the checker accepts
+    (a budget the cache keeps as infeasible raises as its search did, without one);
     under Inductor, the least-peak plan over free recomputations where it fits; saving
     everything where it fits; CP-SAT's; the greedy plan, one in hand or ``known``, with a
     :class:`SolverFallbackWarning`. Raises :class:`NoPlanError` with none,
@@ -933,6 +963,12 @@ def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -
         hit = plancache.load(root, digest, problem)
         if hit is not None:
             return Planned(hit, cached=True)
+        refused = plancache.load_refusal(root, digest, problem)
+        if refused is not None:  # as after the search that found it (below), without the search
+            kept = in_hand(problem, any_budget=True) or _fitting(problem, known, "checkpointing")
+            if kept is None:
+                raise refused
+            return Planned(kept, cached=False)
     kept = in_hand(problem)
     if kept is not None:
         return Planned(kept, cached=False)
@@ -961,6 +997,8 @@ def plan_for(problem: Problem, options: Options, *, known: Plan | None = None) -
         # before, in hand: that plan fits, so the budget is not infeasible.
         kept = in_hand(problem, any_budget=True) or _fitting(problem, known, "checkpointing")
         if kept is None:
+            if root is not None:
+                plancache.store_refusal(root, digest, e)
             raise
         log.info("rematc: %s; using the plan in hand that peaks at %d B", e, kept.report.peak)  # type: ignore[union-attr]
         return Planned(kept, cached=False)

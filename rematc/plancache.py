@@ -11,7 +11,9 @@ One JSON file per key under the cache directory. The key is the SHA-256 of
   :data:`FORMAT` (bumped when the entry layout changes).
 
 An entry holds the plan (``solvers.plan_to_json``) and the solver's status, objective,
-bound and wall time. Loading trusts nothing: an entry that does not parse, belongs to
+bound and wall time. A budget the search found infeasible keeps, under a key of its own
+(:func:`store_refusal`), the least peak found and its plan, so that asking again raises the
+same :class:`solvers.InfeasibleBudgetError` without a search. Loading trusts nothing: an entry that does not parse, belongs to
 another key or format, or whose plan the checker rejects for this problem (invalid, or
 over budget) is logged, ignored and overwritten by the next solve. Writes go to a
 temporary file in the same directory and are renamed into place (``os.replace`` is
@@ -37,6 +39,7 @@ from typing import Any
 
 from rematc.options import CACHE_AUTO, CACHE_OFF
 from solvers import (
+    InfeasibleBudgetError,
     PlanError,
     Problem,
     SolverConfig,
@@ -139,6 +142,39 @@ def load_note(root: pathlib.Path, digest: str) -> Any:
     except (OSError, ValueError, KeyError, RecursionError) as e:
         log.warning("rematc plan cache: ignoring %s (%s)", path, e)
         return None
+
+
+def store_refusal(root: pathlib.Path, digest: str, error: InfeasibleBudgetError) -> None:
+    """Keep what a search found where the budget of ``digest`` is infeasible (the least
+    peak it found and that plan; nothing where it found no plan)."""
+    if error.plan is None or error.min_feasible is None:
+        return
+    store_note(root, _refusal(digest), {"budget": error.budget, "min_feasible": error.min_feasible,
+                                         "proven": error.proven, "at_least": error.at_least,
+                                         "plan": plan_to_json(error.plan)})
+
+
+def load_refusal(root: pathlib.Path, digest: str, problem: Problem) -> InfeasibleBudgetError | None:
+    """The error :func:`store_refusal` kept for ``digest``, where its plan fits
+    ``problem`` at the least peak it states; None otherwise."""
+    note = load_note(root, _refusal(digest))
+    if note is None:
+        return None
+    try:
+        plan = plan_from_json(note["plan"])
+        least = int(note["min_feasible"])
+        if not check(problem.with_budget(least), plan).fits:
+            raise ValueError(f"its plan peaks over the least peak it states, {least} B")
+        at_least = note["at_least"]
+        return InfeasibleBudgetError(int(note["budget"]), least, proven=bool(note["proven"]), plan=plan,
+                                     at_least=None if at_least is None else int(at_least))
+    except (ValueError, KeyError, TypeError, RecursionError, PlanError) as e:
+        log.warning("rematc plan cache: ignoring the infeasible budget kept for %s (%s)", digest[:12], e)
+        return None
+
+
+def _refusal(digest: str) -> str:
+    return hashlib.sha256(f"{digest}:infeasible".encode()).hexdigest()
 
 
 def store_note(root: pathlib.Path, digest: str, note: Any) -> None:

@@ -924,10 +924,10 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             below = [t for t in found if target is None or t <= target]
             hint = found[max(below) if below else min(found)] if found else None
             # One-segment spans: a quarter of the time, and the search again three quarters of
-            # what is left (a long chain's search over all spans does not start in less); with
-            # few options, half of what is left; the
-            # first search over all spans, two thirds of what is left, keeping time for a
-            # budget moved by its excess; then half of it, or all where the search only goes on.
+            # what is left (a long chain's search over all spans does not start in less). Few
+            # options: half of what is left. The first search over all options, two thirds of
+            # what is left, keeping time for a budget moved by its excess; then half of it, or
+            # all where the search only goes on.
             this_again, again = again, False
             if this_again:
                 hint, share, retried = None, 0.75, True

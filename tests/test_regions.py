@@ -129,6 +129,32 @@ def test_blocks_run_different_plans_where_a_mix_adds_less_time() -> None:
     assert profiler_peak(lambda: step(compiled)) <= budget + OUTSIDE
 
 
+def test_a_second_regional_compile_takes_its_plans_from_the_cache(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block's plan for all its calls (found over several budgets, or the least-peak
+    plan as the last resort) goes to the plan cache with the budget it was planned at: a
+    second compile of the same step takes every plan from it and runs no search."""
+    budget = int(0.8 * _unconstrained_step())
+    torch._dynamo.reset()
+    rematc.clear_records()
+    step(rematc.compile(llama(), budget=budget, compiler="eager", cache_dir=tmp_path, regions=True))
+    first = {(r.calls, r.blocks): r for r in rematc.records()}
+    assert any(r.calls == LAYERS and not r.cached for r in first.values())
+
+    def no_search(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a search ran although the step's plans are cached")
+
+    monkeypatch.setattr(rematc.partition, "solve", no_search)
+    torch._dynamo.reset()
+    rematc.clear_records()
+    step(rematc.compile(llama(), budget=budget, compiler="eager", cache_dir=tmp_path, regions=True))
+    again = {(r.calls, r.blocks): r for r in rematc.records()}
+    assert again.keys() == first.keys()
+    for key, record in again.items():
+        assert record.plan == first[key].plan and record.step_need == first[key].step_need, key
+    assert all(r.cached for r in again.values() if r.calls == LAYERS)
+
+
 def test_marking_twice_changes_nothing() -> None:
     model = llama()
     rematc.mark_regions(model)
