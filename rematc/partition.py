@@ -14,7 +14,6 @@ It plugs into Inductor as ``config_patches={"custom_partitioner_fn": RematPartit
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import pathlib
 import time
@@ -468,13 +467,8 @@ def _unbudgeted_key(problem: Problem) -> str:
 def _calls_key(problem: Problem, options: Options, calls: int, *, grads: int, reserve: int) -> str:
     """The plan cache's key of a plan for ``calls`` calls of the graph of ``problem``
     within its budget (:meth:`RematPartitioner.room_for_calls`)."""
-    single = plancache.key(problem, options.solver, options.compiler)
-    return hashlib.sha256(f"{single}:calls={calls}:grads={grads}:reserve={reserve}".encode()).hexdigest()
-
-
-def _budget_key(digest: str) -> str:
-    """The plan cache's key of the budget the plan under ``digest`` was planned at."""
-    return hashlib.sha256(f"{digest}:budget".encode()).hexdigest()
+    return plancache.derived(plancache.key(problem, options.solver, options.compiler),
+                             f"calls={calls}:grads={grads}:reserve={reserve}")
 
 
 class GraphBreakWarning(UserWarning):
@@ -640,7 +634,7 @@ class RematPartitioner(CustomPartitionerFn):
         root = plancache.directory(self.options.cache_dir)
         digest = _calls_key(problem, self.options, calls, grads=grads, reserve=reserve) if root is not None else ""
         if root is not None:
-            at = plancache.load_note(root, _budget_key(digest))
+            at = plancache.load_note(root, plancache.derived(digest, "budget"))
             hit = plancache.load(root, digest, problem.with_budget(at)) if isinstance(at, int) else None
             if hit is not None and hit.report is not None and needed(hit.report) <= room:
                 return Planned(hit, cached=True), problem.with_budget(at)
@@ -648,7 +642,7 @@ class RematPartitioner(CustomPartitionerFn):
         def found(planned: Planned, at: Problem) -> tuple[Planned, Problem]:
             if root is not None and planned.result.plan is not None and at.budget is not None:
                 plancache.store(root, digest, planned.result)
-                plancache.store_note(root, _budget_key(digest), at.budget)
+                plancache.store_note(root, plancache.derived(digest, "budget"), at.budget)
             return planned, at
 
         def excess(tried: Problem, plan: Plan) -> int:

@@ -12,9 +12,9 @@ One JSON file per key under the cache directory. The key is the SHA-256 of
 
 An entry holds the plan (``solvers.plan_to_json``) and the solver's status, objective,
 bound and wall time. A budget the search found infeasible keeps, under a key of its own
-(:func:`store_refusal`), the least peak found and its plan, so that asking again raises the
-same :class:`solvers.InfeasibleBudgetError` without a search. Loading trusts nothing: an entry that does not parse, belongs to
-another key or format, or whose plan the checker rejects for this problem (invalid, or
+(:func:`store_refusal`), the least peak found and its plan, so that asking again raises
+the same :class:`solvers.InfeasibleBudgetError` without a search. Loading trusts nothing:
+an entry that does not parse, belongs to another key or format, or whose plan the checker rejects for this problem (invalid, or
 over budget) is logged, ignored and overwritten by the next solve. Writes go to a
 temporary file in the same directory and are renamed into place (``os.replace`` is
 atomic on POSIX and Windows), so concurrent writers of one key leave one whole entry,
@@ -149,7 +149,7 @@ def store_refusal(root: pathlib.Path, digest: str, error: InfeasibleBudgetError)
     peak it found and that plan; nothing where it found no plan)."""
     if error.plan is None or error.min_feasible is None:
         return
-    store_note(root, _refusal(digest), {"budget": error.budget, "min_feasible": error.min_feasible,
+    store_note(root, derived(digest, "infeasible"), {"budget": error.budget, "min_feasible": error.min_feasible,
                                          "proven": error.proven, "at_least": error.at_least,
                                          "plan": plan_to_json(error.plan)})
 
@@ -157,7 +157,7 @@ def store_refusal(root: pathlib.Path, digest: str, error: InfeasibleBudgetError)
 def load_refusal(root: pathlib.Path, digest: str, problem: Problem) -> InfeasibleBudgetError | None:
     """The error :func:`store_refusal` kept for ``digest``, where its plan fits
     ``problem`` at the least peak it states; None otherwise."""
-    note = load_note(root, _refusal(digest))
+    note = load_note(root, derived(digest, "infeasible"))
     if note is None:
         return None
     try:
@@ -173,8 +173,10 @@ def load_refusal(root: pathlib.Path, digest: str, problem: Problem) -> Infeasibl
         return None
 
 
-def _refusal(digest: str) -> str:
-    return hashlib.sha256(f"{digest}:infeasible".encode()).hexdigest()
+def derived(digest: str, what: str) -> str:
+    """The key of an entry about ``what`` beside the one under ``digest`` (its budget, a
+    refusal, a plan for several calls)."""
+    return hashlib.sha256(f"{digest}:{what}".encode()).hexdigest()
 
 
 def store_note(root: pathlib.Path, digest: str, note: Any) -> None:

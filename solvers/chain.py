@@ -495,11 +495,19 @@ class Chain:
         """Where option ``k`` of span ``i`` recomputes a boundary inside the span, the
         bytes of those inside it that it saves and that may be offloaded: one of them is
         read early, for the recomputation of the next, so its copies may no longer hide."""
-        option, c = self.options[i][k], self.cuts[i]
-        if not any(option.decisions.get(b) is Decision.RECOMPUTE for b in c.boundaries):
-            return 0
-        return sum(c.problem.nodes[b].size for b in c.boundaries
-                   if option.decisions.get(b) is Decision.SAVE and c.problem.nodes[b].offloadable)
+        return self._inner_saved[i][k]
+
+    @functools.cached_property
+    def _inner_saved(self) -> tuple[tuple[int, ...], ...]:
+        """:meth:`inner_saved` of every span and option, computed once per chain (every
+        chain solve reads it for each option)."""
+        def saved(option: Option, c: Cut) -> int:
+            if not any(option.decisions.get(b) is Decision.RECOMPUTE for b in c.boundaries):
+                return 0
+            return sum(c.problem.nodes[b].size for b in c.boundaries
+                       if option.decisions.get(b) is Decision.SAVE and c.problem.nodes[b].offloadable)
+
+        return tuple(tuple(saved(o, c) for o in opts) for opts, c in zip(self.options, self.cuts, strict=True))
 
     def more(self, i: int, k: int) -> int:
         """Bytes option ``k`` of span ``i`` saves that may go to the host beyond what its
