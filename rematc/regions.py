@@ -17,22 +17,21 @@ of their graph (:meth:`rematc.partition.RematPartitioner.mixed`).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from copy import deepcopy
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rematc import plancache
 from rematc._torch_compat import tree_leaves, tree_map
+from rematc.onmeta import losses_written_out
 from rematc.options import Options
 from rematc.partition import Need, holds_after_forward
 from solvers import InfeasibleBudgetError, check
@@ -128,7 +127,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     quiet = dataclasses.replace(options, budget=None, compiler="eager", cache_dir=None, verify=False,
                                 calls=1)
     before = len(_RECORDS)
-    with _cross_entropy_written_out():
+    with losses_written_out():
         compiled = compile_twin(twin, quiet)
         loss = _loss_of(compiled(*meta[0], **meta[1]))
         loss.backward()
@@ -201,36 +200,6 @@ def _meta_twin(model: nn.Module) -> nn.Module:
             del vars(module)[_MARK]
             vars(module).pop("forward", None)
     return copy
-
-
-@contextlib.contextmanager
-def _cross_entropy_written_out() -> Iterator[None]:
-    """``torch.nn.functional.cross_entropy`` of class indices written out as log-softmax
-    and a gather: on ``meta`` tensors ``aten::nll_loss`` has no autograd kernel (torch
-    2.13), so the survey traced a loss head without its loss's backward and found it
-    needed 9.4 MB where it needs 21.0 MB on the CPU (transformers' Llama, vocabulary 1024,
-    4 x 256 tokens). The written-out loss allocates the same full-size tensors: the
-    log-probabilities, and in the backward their gradient."""
-    original = F.cross_entropy
-
-    def written_out(input: torch.Tensor, target: torch.Tensor, weight: Any = None, size_average: Any = None,
-                    ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
-                    label_smoothing: float = 0.0) -> torch.Tensor:
-        if (weight is not None or size_average is not None or reduce is not None or label_smoothing
-                or input.dim() != 2 or target.dim() != 1 or target.is_floating_point()):
-            return original(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        kept = target != ignore_index
-        picked = input.log_softmax(-1).gather(-1, torch.where(kept, target, 0).unsqueeze(-1)).squeeze(-1)
-        losses = -picked * kept
-        if reduction == "none":
-            return losses
-        return losses.sum() if reduction == "sum" else losses.sum() / kept.sum()
-
-    F.cross_entropy = written_out
-    try:
-        yield
-    finally:
-        F.cross_entropy = original
 
 
 def _loss_of(output: Any) -> torch.Tensor:

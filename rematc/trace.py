@@ -52,6 +52,7 @@ from rematc._torch_compat import (
 from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
+from rematc.onmeta import losses_written_out
 from rematc.partition import capture_prepared, capture_stage, shape_env_of
 from solvers import Plan, Problem
 
@@ -182,7 +183,8 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
         # A shape error is logged with its traceback by the fake-tensor run, then raised
         # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
         with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
-                _fused_attention(on_meta), collector_paused():
+                _fused_attention(on_meta), (losses_written_out() if on_meta else contextlib.nullcontext()), \
+                collector_paused():
             # One graph: a problem is one graph, and a break would leave the rest unplanned.
             torch.compile(model, backend=backend, fullgraph=True)(*inputs)
     except Exception as e:
@@ -200,6 +202,12 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
         raise TraceError(f"tracing {name} captured no training graph: does it return a loss "
                          "that requires grad?")
     t = spy.traced
+    if not _has_gradients(t.joint, t.num_fwd_outputs):
+        where = (" on meta tensors, where some ops (aten::nll_loss in torch 2.13) have no "
+                 "autograd kernel: build the model on a real device, or write the loss out"
+                 if on_meta else "")
+        raise TraceError(f"tracing {name} captured a step with no backward: no gradient "
+                         f"depends on the loss{where}")
     shapes = {t.problem.nodes[i].name: _describe(group[0]) for i, group in enumerate(t.captured.groups)}
     meta = {"source": name, "device": device, "target": target, "dtype": dtype or "as given",
             SHAPES_KEY: json.dumps(shapes, separators=(",", ":"))}
@@ -207,6 +215,14 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
                       meta=meta)
     captured = dataclasses.replace(t.captured, problem=problem)
     return Traced(problem, t.joint, captured, t.num_fwd_outputs, t.static_inputs)
+
+
+def _has_gradients(joint: fx.GraphModule, num_fwd_outputs: int) -> bool:
+    """Whether the joint graph computes any input's gradient (its outputs after the
+    forward's; ``None`` where an input gets none)."""
+    output = next(n for n in reversed(joint.graph.nodes) if n.op == "output")
+    outs = output.args[0]
+    return any(isinstance(o, fx.Node) for o in list(outs)[num_fwd_outputs:])
 
 
 def _graph_break(e: BaseException) -> str | None:

@@ -3,6 +3,7 @@ the backend compiles traces to its whole step, or fails in one line that says wh
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import pytest
@@ -89,3 +90,63 @@ def test_a_factory_returning_the_wrong_tuple_is_told_what_it_returned() -> None:
     with pytest.raises(TraceError, match=r"must return \(model, example_inputs\), got a tuple of 3 "
                                          r"\(Linear, tuple, int\)$"):
         as_example("m:f", (torch.nn.Linear(2, 2), (torch.ones(1, 2),), 3))
+
+
+def test_a_transformers_model_on_meta_traces_its_backward() -> None:
+    """On meta tensors aten::nll_loss has no autograd kernel: transformers' GPT-2, whose
+    loss is F.cross_entropy, traced with no backward and no decision, silently. The loss
+    written out holds what the library's does (the same peak on the CPU), and on meta
+    the step is within 5% of the CPU's (transformers builds its mask differently there)."""
+    from rematc.onmeta import losses_written_out
+    from tests.realmodels import hf_gpt2
+
+    model, inputs = hf_gpt2()
+    on_cpu = trace(model, inputs, device="h100", target="eager").problem
+    with losses_written_out():
+        written = trace(model, inputs, device="h100", target="eager").problem
+    model = model.to("meta")
+    on_meta = trace(model, tuple(x.to("meta") for x in inputs), device="h100", target="eager").problem
+    cpu, written_peak, meta = (save_all(p).report.peak for p in (on_cpu, written, on_meta))  # type: ignore[union-attr]
+    assert written_peak == cpu
+    assert len(on_meta.candidates) >= len(on_cpu.candidates) > 0
+    assert abs(meta - cpu) <= 0.05 * cpu
+    assert torch.nn.functional.cross_entropy.__module__ == "torch.nn.functional"
+
+
+class Weighted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(16, 4)
+        self.register_buffer("weight", torch.ones(4))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.head(x), labels, weight=self.weight)
+
+
+def test_a_step_traced_without_its_backward_is_refused_in_one_line() -> None:
+    """A class-weighted loss keeps the library's op, which on meta has no backward: the
+    trace says so instead of returning a problem with no decision."""
+    with torch.device("meta"):
+        model, inputs = Weighted(), (torch.zeros(8, 16), torch.zeros(8, dtype=torch.long))
+    with pytest.raises(TraceError, match=r"captured a step with no backward.*on meta tensors.*nll_loss"):
+        trace(model, inputs, device="h100", target="eager")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_the_written_out_losses_equal_the_library_s(reduction: str) -> None:
+    from rematc.onmeta import losses_written_out
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 7, generator=g)  # classes on dim 1, as F.cross_entropy takes them
+    target = torch.randint(5, (3, 7), generator=g)
+    target[0, :3] = -100
+    results = []
+    for written in (False, True):
+        x = logits.clone().requires_grad_()
+        with losses_written_out() if written else contextlib.nullcontext():
+            ce = torch.nn.functional.cross_entropy(x, target, reduction=reduction)
+            nll = torch.nn.functional.nll_loss(x.log_softmax(1), target, reduction=reduction, ignore_index=-100)
+        (ce.sum() + nll.sum()).backward()
+        results.append((ce.detach(), nll.detach(), x.grad))
+    for plain, written_out in zip(*results, strict=True):
+        torch.testing.assert_close(written_out, plain)

@@ -1,0 +1,70 @@
+"""Stand-ins for ops that trace wrongly on ``meta`` tensors, where rematc plans models
+too big for the machine.
+
+On meta tensors ``aten::nll_loss`` has no autograd kernel (torch 2.13): a model whose
+loss is ``F.cross_entropy`` or ``F.nll_loss``, as every transformers model's is, traces
+with no backward at all (transformers' GPT-2 at 24 layers gave 1,099 values and no
+decision, where the written-out loss gives 2,325 values and 808 decisions), and the
+regional survey found a Llama's loss head needing 9.4 MB where it needs 21.0 MB on the
+CPU (vocabulary 1024, 4 x 256 tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def picked_losses(logp: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                  reduction: str) -> torch.Tensor:
+    """``nll_loss(logp, target)`` without weights, as gather and sums: each position's
+    negative log-probability of its class (classes on dim 1, or 0 unbatched), positions
+    whose target is ``ignore_index`` counting zero (and, for ``"mean"``, not counted)."""
+    dim = 1 if logp.dim() > 1 else 0
+    valid = target != ignore_index
+    index = torch.where(valid, target, torch.zeros_like(target)).unsqueeze(dim)
+    losses = (-logp.gather(dim, index).squeeze(dim)).masked_fill(~valid, 0.0)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / valid.sum().to(losses.dtype)
+
+
+@contextlib.contextmanager
+def losses_written_out() -> Iterator[None]:
+    """``F.cross_entropy`` and ``F.nll_loss`` of class indices written out as
+    ``log_softmax``, ``gather`` and sums while the block runs (process-wide: they are
+    module attributes, which transformers' losses read at each call). Calls with class
+    weights, label smoothing, probability targets or the deprecated
+    ``size_average``/``reduce`` keep the library's op. The written-out loss allocates the
+    same full-size tensors as the library's: the log-probabilities and, in the backward,
+    their gradient."""
+    plain_ce, plain_nll = F.cross_entropy, F.nll_loss
+
+    def plain_only(weight: Any, target: torch.Tensor, size_average: Any, reduce: Any) -> bool:
+        return weight is not None or target.is_floating_point() or size_average is not None or reduce is not None
+
+    def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Any = None,
+                      size_average: Any = None, ignore_index: int = -100, reduce: Any = None,
+                      reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+        if label_smoothing or plain_only(weight, target, size_average, reduce):
+            return plain_ce(input, target, weight, size_average, ignore_index, reduce, reduction,
+                            label_smoothing)
+        return picked_losses(input.log_softmax(1 if input.dim() > 1 else 0), target, ignore_index, reduction)
+
+    def nll_loss(input: torch.Tensor, target: torch.Tensor, weight: Any = None, size_average: Any = None,
+                 ignore_index: int = -100, reduce: Any = None, reduction: str = "mean") -> torch.Tensor:
+        if plain_only(weight, target, size_average, reduce):
+            return plain_nll(input, target, weight, size_average, ignore_index, reduce, reduction)
+        return picked_losses(input, target, ignore_index, reduction)
+
+    F.cross_entropy, F.nll_loss = cross_entropy, nll_loss
+    try:
+        yield
+    finally:
+        F.cross_entropy, F.nll_loss = plain_ce, plain_nll
