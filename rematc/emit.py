@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -96,8 +97,8 @@ def emit(
     )
     bw = reordering_to_mimic_autograd_engine(bw)
     fw, bw = raise_getitems(fw), raise_getitems(bw)
-    again = recompute_again(bw, captured, plan)
-    if again or split_per_reader(bw, captured, plan):
+    again, later = recompute_again(bw, captured, plan)
+    if split_per_reader(bw, captured, plan, later) or again:
         bw.recompile()
     offloaded = [captured.groups[t.node][0].name for t in plan.transfers]
     for t, name in zip(plan.transfers, offloaded, strict=True):
@@ -170,20 +171,22 @@ AGAIN = "_again"  # a later recomputation's copy's name: the original's and this
 COPY_SUFFIXES = (PER_READER, AGAIN)
 
 
-def recompute_again(bw: fx.GraphModule, captured: Captured, plan: Plan) -> list[str]:
+def recompute_again(bw: fx.GraphModule, captured: Captured, plan: Plan
+                    ) -> tuple[list[str], dict[int, list[list[fx.Node]]]]:
     """Emit every recomputation after the first of a value the schedule recomputes more
     than once: a copy of the value's nodes (named ``<original>_again``) that reads the copies
     of its inputs serving its schedule entry and serves, as in the checker, the reads
     between its entry and the value's next one. Each copy lands right before its first
-    reader. Values recomputed inside each reader (``captured.per_reader``) are left to
-    :func:`split_per_reader`. Returns the copies' names."""
+    reader. Returns the copies' names, and for each value recomputed inside each reader
+    (``captured.per_reader``) its later copies' nodes, entry by entry, for
+    :func:`split_per_reader`."""
     entries: dict[int, list[int]] = {}
     for k, s in enumerate(plan.schedule):
         if plan.decisions.get(s.node) is Decision.RECOMPUTE:
             entries.setdefault(s.node, []).append(k)
-    repeated = {v: ks for v, ks in entries.items() if len(ks) > 1 and v not in captured.per_reader}
+    repeated = {v: ks for v, ks in entries.items() if len(ks) > 1}
     if not repeated:
-        return []
+        return [], {}
     by_name = {n.name: n for n in bw.graph.nodes}
     value_of = {n.name: v for n, v in captured.value_of.items()}
     members = {v: [by_name[n.name] for n in captured.groups[v] if n in captured.forward and n.name in by_name]
@@ -248,29 +251,37 @@ def recompute_again(bw: fx.GraphModule, captured: Captured, plan: Plan) -> list[
             else:
                 bw.graph.erase_node(c)
     _order_by_first_use(bw.graph)
-    return kept[::-1]
+    alive = set(bw.graph.nodes)
+    later = {v: [[c for c in made.values() if c in alive] for (u, _), made in copies.items() if u == v]
+             for v in repeated if v in captured.per_reader}
+    return kept[::-1], later
 
 
-def split_per_reader(bw: fx.GraphModule, captured: Captured, plan: Plan) -> int:
+def split_per_reader(bw: fx.GraphModule, captured: Captured, plan: Plan,
+                     later: Mapping[int, list[list[fx.Node]]] | None = None) -> int:
     """Give each backward reader of a recomputed ``per_reader`` value its own copy of the
     value's nodes, placed right before it, so that Inductor computes it inside that
     reader's kernel instead of storing it (:func:`rematc.capture.per_reader_values`).
-    Copies are named ``<original>_per_reader`` (FX numbers further ones). Returns how
-    many copies were made."""
+    A value recomputed more than once is split entry by entry: ``later`` holds the nodes
+    of its copies after the first (:func:`recompute_again`), each read by the readers its
+    entry serves. Copies are named ``<original>_per_reader`` (FX numbers further ones).
+    Returns how many copies were made."""
     by_name = {n.name: n for n in bw.graph.nodes}
+    later = later or {}
     copies = 0
     for i in sorted(captured.per_reader, reverse=True):  # readers first: their copies read it
         if plan.decisions.get(i) is not Decision.RECOMPUTE:
             continue
-        chain = [by_name[n.name] for n in captured.groups[i] if n.name in by_name]
-        members = set(chain)
-        position = {n: k for k, n in enumerate(bw.graph.nodes)}
-        chain.sort(key=position.__getitem__)
-        readers = sorted({u for n in chain for u in n.users if u not in members}, key=position.__getitem__)
-        for reader in readers[1:]:
-            for original, copy in _copy_before(bw, chain, reader).items():
-                reader.replace_input_with(original, copy)
-            copies += 1
+        first = [by_name[n.name] for n in captured.groups[i] if n.name in by_name]
+        for chain in [first, *later.get(i, [])]:
+            members = set(chain)
+            position = {n: k for k, n in enumerate(bw.graph.nodes)}
+            chain = sorted(chain, key=position.__getitem__)
+            readers = sorted({u for n in chain for u in n.users if u not in members}, key=position.__getitem__)
+            for reader in readers[1:]:
+                for original, copy in _copy_before(bw, chain, reader).items():
+                    reader.replace_input_with(original, copy)
+                copies += 1
     return copies
 
 
@@ -349,9 +360,9 @@ def verify(joint: fx.GraphModule, captured: Captured, plan: Plan, emitted: Emitt
                 if w.target is WAIT and isinstance(w.args[1], fx.Node)}
     copies: dict[str, str] = {}  # a per-reader or later recomputation's copy's name -> its original's
     for n in emitted.backward.graph.nodes:
-        suffix = next((x for x in COPY_SUFFIXES if x in n.name), None)
-        if n.op == "call_function" and suffix and n.name not in fwd_names:
-            original_name = n.name.rsplit(suffix, 1)[0]
+        cut = min((n.name.find(x) for x in COPY_SUFFIXES if x in n.name), default=-1)
+        if n.op == "call_function" and cut > 0 and n.name not in fwd_names:
+            original_name = n.name[:cut]  # a per-reader copy of a later copy: both suffixes
             if original_name not in planned or n.target is not joint_by_name[original_name].target:
                 raise EmitError(f"backward copy {n.format_node()} is no planned recomputation")
             copies[n.name] = original_name

@@ -249,19 +249,31 @@ def test_random_grouped_plans_give_eagers_gradients(seed: int, monkeypatch: pyte
 
 
 @pytest.mark.inductor
-def test_a_grouped_plan_under_inductor_gives_eagers_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = GPTConfig(n_layer=3, d_model=32, n_head=4, seq_len=32, vocab=64)
-    model, inputs = make_gpt(config, batch=2, seed=0)
+@pytest.mark.parametrize("seed", [7, 2])
+def test_a_grouped_plan_under_inductor_gives_eagers_gradients_at_its_predicted_peak(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value recomputed inside each of its readers (GELU's tanh) and again in a group's
+    backward: its later recomputations once read the group's sweep copies of their inputs,
+    which then lived to the block's backward, uncounted (the generated code peaked 29.6%
+    and 42.2% above the plan with these seeds). Under a budget, the generated code's peak
+    and the measured one are the plan's."""
+    config = GPTConfig(n_layer=3, d_model=64, n_head=4, seq_len=64, vocab=64)
+    model, inputs = make_gpt(config, batch=4, seed=0)
     reference = run_step(model, model, inputs)
     made: list[Plan] = []
-    monkeypatch.setattr(rematc.partition, "plan_for", grouped_planner(random.Random(7), made))
+    monkeypatch.setattr(rematc.partition, "plan_for", grouped_planner(random.Random(seed), made))
     torch._dynamo.reset()
-    model, inputs = make_gpt(config, batch=2, seed=0)
-    compiled = rematc.compile(model, compiler="inductor")
+    model, inputs = make_gpt(config, batch=4, seed=0)
+    compiled = rematc.compile(model, budget=10**9, compiler="inductor")
     result = run_step(model, compiled, inputs)
     assert made, "the partitioner did not run"
-    assert rematc.records()[-1].again, "the backward runs no recomputation twice"
+    record = rematc.records()[-1]
+    assert record.again, "the backward runs no recomputation twice"
     assert_same_step(reference, result, rtol=1e-4, atol=1e-5)
+    assert record.generated_peak is not None
+    assert record.generated_peak <= record.predicted_peak * 1.01, (record.generated_peak, record.predicted_peak)
+    peak = measured_step_peak(compiled, model, inputs)
+    assert peak <= record.predicted_peak * (1 + PEAK_TOLERANCE), (peak, record.predicted_peak)
 
 
 def test_a_multilevel_budget_holds_when_measured() -> None:
