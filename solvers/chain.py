@@ -133,6 +133,11 @@ TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
 LOOSEN = 0.01  # of the budget: a plan further under it is searched again with the model's budget raised
 COARSE = 8  # where one-segment spans fit no plan, the search over all spans first keeps every COARSE-th option (solve)
+# Of the time left, for each search of solve's phases: one-segment spans; that search again
+# from no hint; all spans with few options; the first search over all options (keeping time
+# for a budget moved by its excess); each later one (or all of it where the search only
+# goes on from its last plan)
+SINGLES_SHARE, AGAIN_SHARE, COARSE_SHARE, ALL_SHARE, NEXT_SHARE = 0.25, 0.75, 0.5, 2 / 3, 0.5
 FAR = 1.25  # times the model's bound: a one-segment plan adding more is searched again, from no hint
 HINT_WORK = 1.0  # CP-SAT's deterministic seconds, at most, to complete a chain search's hint
 SUB_LIMIT = 5.0  # seconds, at most, for one CP-SAT solve of a segment
@@ -931,16 +936,14 @@ def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, chain: Cha
             solves += 1
             below = [t for t in found if target is None or t <= target]
             hint = found[max(below) if below else min(found)] if found else None
-            # One-segment spans: a quarter of the time, and the search again three quarters of
-            # what is left (a long chain's search over all spans does not start in less). Few
-            # options: half of what is left. The first search over all options, two thirds of
-            # what is left, keeping time for a budget moved by its excess; then half of it, or
-            # all where the search only goes on.
+            # The search again from no hint gets most of what is left: a long chain's search
+            # over all spans does not start in less.
             this_again, again = again, False
             if this_again:
-                hint, share, retried = None, 0.75, True
+                hint, share, retried = None, AGAIN_SHARE, True
             else:
-                share = 0.25 if singles else 0.5 if first else 1.0 if going_on else 2 / 3 if tries == 0 else 0.5
+                share = (SINGLES_SHARE if singles else COARSE_SHARE if first else 1.0 if going_on
+                         else ALL_SHARE if tries == 0 else NEXT_SHARE)
             chosen = solve_chain(chain, target, config, singles=singles, coarse=COARSE if phase == "coarse" else None,
                                  hint=hint, hosts_at_most=caps,
                                  deadline=deadline.part(left * share))
