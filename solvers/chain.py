@@ -122,6 +122,7 @@ from solvers.result import InfeasibleBudgetError, Planner, SolverConfig, SolveRe
 from solvers.sat import LEAST_SOLVE, make_solver, solved, within
 from solvers.segments import Segment, find_segments
 
+# The constants below are swept on five model families in docs/constants.md (bench/constants.py).
 SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to saving all
 # Plans per distinct segment that save its values dearest to recompute for their bytes, up to
 # k / DEAREST of what it could save: the trade of kept bytes for time the chain level makes

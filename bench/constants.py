@@ -1,0 +1,302 @@
+"""The planner's constants, each swept beside its neighbouring values on five model families.
+
+The constants of the chain and multi-level planners and of the dispatcher were first set on
+one model each (docs/constants.md). Here each is set, in a process of its own, to the value
+below and the value above its own, and the default planner (as the backend runs it: a
+time limit, a 1% step gap, a stall watch) plans every family at checkpointing every
+segment's peak and at 0.6 of it (both found once, with the constants as they are: the
+segments move with ``PASSED_OVER``). A constant is well chosen where, on every family and
+budget, the plan at its value adds at most 2% more time than the best of its neighbours'.
+
+The families are traced on ``meta`` tensors (nothing is allocated) in bf16 for the H100
+profile, with its host link, so plans may offload: transformers' GPT-2 (12 layers) and
+GPT-2 medium (24), BERT-large, a TinyLlama-shaped transformers Llama, a ResNet-34-shaped
+network (``bench.models``, 224x224, batch 64) and the Llama-2-7B scale shape
+(``bench.scale``). The planner runs against the wall clock, so the constants' own values
+are planned three times, at the start, middle and end of the run: their spread is the
+noise any difference is read against. Nothing else may run meanwhile.
+
+    python -m bench.constants --cache DIR --out docs/constants-sweep.md
+    python -m bench.constants --cache DIR --only chain.SPAN chain.DEAREST --families gpt2 llama2-7b
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from solvers import (
+    InfeasibleBudgetError,
+    Problem,
+    SolverConfig,
+    chain,
+    multilevel,
+    planner,
+    segments,
+)
+from solvers.baselines import checkpoint_every
+from solvers.io import load_problem, save_problem
+
+# name -> (module, attribute, the value below, the value above)
+CONSTANTS: dict[str, tuple[Any, str, float, float]] = {
+    "chain.SPAN": (chain, "SPAN", 3, 5),
+    "chain.DEAREST": (chain, "DEAREST", 16, 32),
+    "chain.SWEEP": (chain, "SWEEP", 4, 8),
+    "chain.TIGHTEN": (chain, "TIGHTEN", 4, 8),
+    "chain.FAR": (chain, "FAR", 1.1, 1.5),
+    "chain.COARSE": (chain, "COARSE", 6, 12),
+    "chain.OPTION_SHARE": (chain, "OPTION_SHARE", 0.35, 0.65),
+    "chain.SINGLES_SHARE": (chain, "SINGLES_SHARE", 0.15, 0.35),
+    "chain.ALL_SHARE": (chain, "ALL_SHARE", 0.5, 0.8),
+    "multilevel.TIGHTEN": (multilevel, "TIGHTEN", 4, 8),
+    "segments.PASSED_OVER": (segments, "PASSED_OVER", 1 / 16, 1 / 4),
+    "planner.CHAIN_MIN_CANDIDATES": (planner, "CHAIN_MIN_CANDIDATES", 200, 450),
+    "planner.CHAIN_ONLY_CANDIDATES": (planner, "CHAIN_ONLY_CANDIDATES", 700, 1500),
+    "planner.CHAIN_SHARE": (planner, "CHAIN_SHARE", 0.2, 0.4),
+    "config.stall_time": (None, "stall_time", 5.0, 20.0),
+}
+AT = (1.0, 0.6)  # of checkpointing every segment's peak
+WITHIN = 0.02  # a constant's plans add at most this much more time than its best neighbour's
+BASE = "(as is)"
+MIB = 2**20
+
+
+def _hf(kind: str, **shape: int) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    def build() -> tuple[Any, tuple[Any, ...]]:
+        import torch
+        import transformers
+
+        from bench.models import HFCausalLM
+
+        batch, seq = shape.pop("batch"), shape.pop("seq")
+        with torch.device("meta"):
+            if kind == "gpt2":
+                cfg: Any = transformers.GPT2Config(n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0,
+                                                   attn_pdrop=0.0, use_cache=False, **shape)
+                inner: Any = transformers.GPT2LMHeadModel(cfg)
+                layers, loss = inner.transformer.h, "ForCausalLM"
+            elif kind == "bert":
+                cfg = transformers.BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                              max_position_embeddings=seq, **shape)
+                inner = transformers.BertForMaskedLM(cfg)
+                layers, loss = inner.bert.encoder.layer, "ForMaskedLM"
+            else:
+                cfg = transformers.LlamaConfig(max_position_embeddings=seq, use_cache=False, **shape)
+                inner = transformers.LlamaForCausalLM(cfg)
+                layers, loss = inner.model.layers, "ForCausalLM"
+            inner.config._attn_implementation = "sdpa"
+            inner.loss_type = loss
+            inner.train()
+            tokens = torch.zeros(batch, seq, dtype=torch.long)
+        return HFCausalLM(inner, layers), (tokens, tokens.clone())
+    return build
+
+
+def _resnet34() -> tuple[Any, tuple[Any, ...]]:
+    import torch
+
+    from bench.models import ResNet, ResNetConfig
+
+    with torch.device("meta"):
+        model = ResNet(ResNetConfig(depths=(3, 4, 6, 3), n_class=1000))
+        inputs = (torch.zeros(64, 3, 224, 224), torch.zeros(64, dtype=torch.long))
+    return model.train(), inputs
+
+
+FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
+    "gpt2": _hf("gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257, batch=8, seq=1024),
+    "gpt2-medium": _hf("gpt2", n_embd=1024, n_layer=24, n_head=16, vocab_size=50257, batch=8, seq=1024),
+    "bert-large": _hf("bert", hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                      intermediate_size=4096, batch=16, seq=512),
+    "tinyllama": _hf("llama", hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
+                     num_key_value_heads=4, intermediate_size=5632, vocab_size=32000, batch=4, seq=2048),
+    "resnet34": _resnet34,
+}
+SCALE = ("llama2-7b",)  # from bench.scale, traced there
+
+
+def traced(family: str, cache: Path) -> Problem:
+    """The family's problem, traced once and kept in ``cache``."""
+    if family in SCALE:
+        from bench.scale import grads_in_place
+        from bench.scale import traced as scale_traced
+
+        return grads_in_place(scale_traced(family, cache)[0])
+    path = cache / f"{family}.json"
+    if not path.exists():
+        from bench.scale import grads_in_place
+        from rematc.trace import trace
+
+        model, inputs = FAMILIES[family]()
+        problem = trace(model, inputs, device="h100", dtype="bfloat16", target="eager", name=family).problem
+        cache.mkdir(parents=True, exist_ok=True)
+        save_problem(grads_in_place(problem), str(path))
+    return load_problem(str(path))
+
+
+def every_segment(problem: Problem) -> int:
+    """The peak of checkpointing every segment."""
+    report = checkpoint_every(problem).report
+    assert report is not None
+    return report.peak
+
+
+def setting(name: str, value: float) -> Callable[[SolverConfig], SolverConfig]:
+    """Sets constant ``name`` to ``value`` for this process; the solver config to use."""
+    module, attribute, _, _ = CONSTANTS[name]
+    if module is None:
+        return lambda config: dataclasses.replace(config, **{attribute: value})
+    current = getattr(module, attribute)
+    setattr(module, attribute, type(current)(value) if isinstance(current, int) else value)
+    return lambda config: config
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One process: every family at every budget with ``--set NAME=VALUE`` (or as is);
+    one JSON line per plan on stdout."""
+    adjust: Callable[[SolverConfig], SolverConfig] = lambda config: config  # noqa: E731
+    if args.set:
+        name, value = args.set.split("=")
+        adjust = setting(name, float(value))
+    config = adjust(SolverConfig(time_limit=args.time_limit, step_gap=0.01, stall_time=10.0))
+    peaks = dict(zip(args.families, args.peaks, strict=True))
+    for family in args.families:
+        problem = traced(family, args.cache)
+        for at in AT:
+            budget = int(peaks[family] * at)
+            t0 = time.perf_counter()
+            row: dict[str, Any] = {"family": family, "at": at, "budget": budget}
+            try:
+                r = planner.solve(problem.with_budget(budget), config)
+                row.update(added=r.report.added_time if r.report else None, peak=r.report.peak if r.report else None,
+                           source=str(r.stats.get("from", r.solver)))
+            except InfeasibleBudgetError as e:
+                row.update(added=None, peak=None, source=f"infeasible (least {e.min_feasible})")
+            row["wall"] = time.perf_counter() - t0
+            print(json.dumps(row), flush=True)
+
+
+def settings(only: list[str]) -> list[str | None]:
+    """The processes to run, in order: as is at the start, middle and end; each constant's
+    value below and above interleaved between."""
+    changed: list[str | None] = []
+    for name in only:
+        _, _, low, high = CONSTANTS[name]
+        changed += [f"{name}={low}", f"{name}={high}"]
+    half = len(changed) // 2
+    return [None, *changed[:half], None, *changed[half:], None]
+
+
+def run(setting_: str | None, args: argparse.Namespace) -> list[dict[str, Any]]:
+    command = [sys.executable, "-m", "bench.constants", "--worker", "--cache", str(args.cache),
+               "--time-limit", str(args.time_limit), "--families", *args.families,
+               "--peaks", *(str(p) for p in args.peaks)]
+    if setting_:
+        command += ["--set", setting_]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def current(name: str) -> float:
+    module, attribute, _, _ = CONSTANTS[name]
+    if module is None:
+        return float(getattr(SolverConfig(time_limit=60.0, step_gap=0.01, stall_time=10.0), attribute))
+    return float(getattr(module, attribute))
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namespace) -> list[str]:
+    """The tables: the as-is runs and their spread, then per constant each case's added
+    time at the value below, as is (the as-is runs' median) and above, and the ratio of
+    as is to the best of the three."""
+    cases = [(f, at) for f in args.families for at in AT]
+
+    def added(rows: list[dict[str, Any]], case: tuple[str, float]) -> float | None:
+        row = next(r for r in rows if (r["family"], r["at"]) == case)
+        return row["added"]
+
+    base_runs = results[BASE]
+    lines = [f"Time limit {args.time_limit:g} s, step gap 1%, stall watch 10 s; added milliseconds "
+             "of the plan the default planner found.", "",
+             "| family | budget | decisions | as is, 3 runs | spread |", "|---|---|---:|---|---:|"]
+    median: dict[tuple[str, float], float | None] = {}
+    for case in cases:
+        values = [added(rows, case) for rows in base_runs]
+        known = sorted(v for v in values if v is not None)
+        median[case] = known[len(known) // 2] if len(known) == len(values) else None
+        spread = (known[-1] / known[0] - 1) if known and known[0] > 0 else 0.0
+        decisions = args.decisions.get(case[0], 0)
+        lines.append(f"| {case[0]} | {case[1]:g}x | {decisions:,} | {' / '.join(ms(v) for v in values)} | "
+                     f"{spread:.1%} |")
+    lines += ["", "| constant | value below / as is / above | worst ratio of as is to the best | cases over 2% |",
+              "|---|---|---:|---|"]
+    details = ["", "Each case, added ms at the value below / as is / above:", ""]
+    for name in args.only:
+        low, high = results.get(f"{name}=low"), results.get(f"{name}=high")
+        if not low or not high:
+            continue
+        worst, over = 1.0, []
+        cells = []
+        for case in cases:
+            a, b, c = added(low[0], case), median[case], added(high[0], case)
+            known = [v for v in (a, b, c) if v is not None]
+            ratio = (b / min(known)) if b is not None and known and min(known) > 0 else (1.0 if b is not None else math.inf)
+            worst = max(worst, ratio)
+            if ratio > 1 + WITHIN:
+                over.append(f"{case[0]} {case[1]:g}x ({ratio - 1:+.1%})")
+            cells.append(f"{case[0]} {case[1]:g}x: {ms(a)} / {ms(b)} / {ms(c)}")
+        _, _, lo, hi = CONSTANTS[name]
+        lines.append(f"| `{name}` | {lo:g} / {current(name):g} / {hi:g} | {worst:.3f} | {', '.join(over) or 'none'} |")
+        details.append(f"* `{name}`: " + "; ".join(cells))
+    return lines + details
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cache", type=Path, required=True, help="folder of the traced problems")
+    p.add_argument("--families", nargs="+", default=[*FAMILIES, *SCALE], choices=[*FAMILIES, *SCALE])
+    p.add_argument("--only", nargs="+", default=list(CONSTANTS), choices=list(CONSTANTS))
+    p.add_argument("--time-limit", type=float, default=20.0)
+    p.add_argument("--out", type=Path, help="append the tables to this markdown file")
+    p.add_argument("--json", type=Path, help="keep every run's rows here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--set", help=argparse.SUPPRESS)
+    p.add_argument("--peaks", nargs="+", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    args.decisions = {f: len(traced(f, args.cache).candidates) for f in args.families}
+    # The budgets, from checkpointing every segment with the constants as they are: the
+    # segments move with PASSED_OVER, and a budget moved with them would be no comparison.
+    args.peaks = [every_segment(traced(f, args.cache)) for f in args.families]
+    results: dict[str, list[list[dict[str, Any]]]] = {}
+    for s in settings(args.only):
+        t0 = time.perf_counter()
+        rows = run(s, args)
+        key = BASE if s is None else s.split("=")[0] + ("=low" if float(s.split("=")[1]) < current(s.split("=")[0])
+                                                         else "=high")
+        results.setdefault(key, []).append(rows)
+        print(f"{s or BASE}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results))
+    lines = report(results, args)
+    print("\n".join(lines))
+    if args.out:
+        with args.out.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
