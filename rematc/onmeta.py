@@ -7,11 +7,18 @@ with no backward at all (transformers' GPT-2 at 24 layers gave 1,099 values and 
 decision, where the written-out loss gives 2,325 values and 808 decisions), and the
 regional survey found a Llama's loss head needing 9.4 MB where it needs 21.0 MB on the
 CPU (vocabulary 1024, 4 x 256 tokens).
+
+transformers, given no attention mask, checks the position ids for packed sequences; on
+meta (or while tracing) it cannot read them, so it builds an explicit causal mask, and
+``F.scaled_dot_product_attention`` with a mask traces as softmax attention that keeps its
+scores: a TinyLlama-shaped step (22 layers, 32 heads, 4 x 2,048 tokens) peaked at 53 GB
+under checkpointing, most of it scores no GPU kernel holds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,3 +75,25 @@ def losses_written_out() -> Iterator[None]:
         yield
     finally:
         F.cross_entropy, F.nll_loss = plain_ce, plain_nll
+
+
+@contextlib.contextmanager
+def unpacked_sequences() -> Iterator[None]:
+    """transformers' packed-sequence check answers "none packed" while the block runs, so
+    that a model given no attention mask leaves causality to SDPA's ``is_causal``, as it
+    does eagerly on unpacked inputs. Only where transformers' masking module is loaded;
+    restored after."""
+    masking = sys.modules.get("transformers.masking_utils")
+    check = getattr(masking, "find_packed_sequence_indices", None)
+    if check is None:
+        yield
+        return
+
+    def none_packed(position_ids: torch.Tensor) -> None:
+        return None
+
+    masking.find_packed_sequence_indices = none_packed  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = check  # type: ignore[union-attr]

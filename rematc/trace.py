@@ -52,7 +52,7 @@ from rematc._torch_compat import (
 from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
-from rematc.onmeta import losses_written_out
+from rematc.onmeta import losses_written_out, unpacked_sequences
 from rematc.partition import capture_prepared, capture_stage, shape_env_of
 from solvers import Plan, Problem
 
@@ -184,6 +184,7 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
         # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
         with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
                 _fused_attention(on_meta), (losses_written_out() if on_meta else contextlib.nullcontext()), \
+                (unpacked_sequences() if on_meta else contextlib.nullcontext()), \
                 collector_paused():
             # One graph: a problem is one graph, and a break would leave the rest unplanned.
             torch.compile(model, backend=backend, fullgraph=True)(*inputs)
