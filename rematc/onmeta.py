@@ -4,14 +4,14 @@ too big for the machine.
 On meta tensors ``aten::nll_loss`` has no autograd kernel (torch 2.13): a model whose
 loss is ``F.cross_entropy`` or ``F.nll_loss``, as every transformers model's is, traces
 with no backward at all (transformers' GPT-2 at 24 layers gave 1,099 values and no
-decision, where the written-out loss gives 2,325 values and 808 decisions), and the
-regional survey found a Llama's loss head needing 9.4 MB where it needs 21.0 MB on the
-CPU (vocabulary 1024, 4 x 256 tokens).
+decision; written out, 2,325 values and 808 decisions, and 1,681 and 476 with the flash
+attention below), and the regional survey found a Llama's loss head needing 9.4 MB where
+it needs 21.0 MB on the CPU (vocabulary 1024, 4 x 256 tokens).
 
 transformers, given no attention mask, checks the position ids for packed sequences; on
 meta (or while tracing) it cannot read them, so it builds an explicit causal mask, and
 ``F.scaled_dot_product_attention`` with a mask traces as softmax attention that keeps its
-scores: a TinyLlama-shaped step (22 layers, 32 heads, 4 x 2,048 tokens) peaked at 53 GB
+scores: a TinyLlama-shaped step (22 layers, 32 heads, 4 x 2,048 tokens) peaked at 53.2 GB
 under checkpointing, most of it scores no GPU kernel holds.
 """
 
