@@ -1,0 +1,39 @@
+"""bench/constants.py's bookkeeping: which processes run, what each sets, and the report's
+reading of the constants' own runs against their neighbours'."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench import constants
+from solvers import chain
+
+
+def test_the_own_values_run_first_in_the_middle_and_last() -> None:
+    order = constants.settings(["chain.SPAN", "chain.FAR"])
+    assert order == [None, "chain.SPAN=3", "chain.SPAN=5", None, "chain.FAR=1.1", "chain.FAR=1.5", None]
+
+
+def test_a_setting_sets_the_constant_with_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chain, "SPAN", chain.SPAN)
+    constants.setting("chain.SPAN", 5.0)
+    assert chain.SPAN == 5 and isinstance(chain.SPAN, int)
+    config = constants.setting("config.stall_time", 5.0)(constants.SolverConfig(stall_time=10.0))
+    assert config.stall_time == 5.0
+
+
+def rows(low: float, high: float) -> list[dict[str, object]]:
+    return [{"family": "f", "at": at, "added": v} for at, v in zip(constants.AT, (low, high), strict=True)]
+
+
+def test_the_report_reads_the_median_of_the_own_runs_against_each_neighbour() -> None:
+    """A neighbour 10% cheaper than the median of the own runs is flagged; one within 2%
+    is not; the own runs' spread is reported."""
+    results = {constants.BASE: [rows(1.00, 2.0), rows(1.10, 2.0), rows(1.20, 2.0)],
+               "chain.SPAN=low": [rows(1.00, 1.98)], "chain.SPAN=high": [rows(1.2, 2.5)]}
+    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7})
+    text = "\n".join(constants.report(results, args))
+    assert "| f | 1x | 7 | 1,000.0 / 1,100.0 / 1,200.0 | 20.0% |" in text
+    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.100 | f 1x (+10.0%) |" in text
