@@ -1,5 +1,9 @@
 """Stand-ins for ops that trace wrongly on ``meta`` tensors, where rematc plans models
-too big for the machine.
+too big for the machine: :func:`stand_ins` holds them all while a model on meta is traced
+(:func:`rematc.trace.trace`).
+
+On meta tensors ``F.scaled_dot_product_attention`` picks no fused kernel and traces as
+softmax attention that keeps its scores (:func:`flash_attention`).
 
 On meta tensors ``aten::nll_loss`` has no autograd kernel (torch 2.13): a model whose
 loss is ``F.cross_entropy`` or ``F.nll_loss``, as every transformers model's is, traces
@@ -97,3 +101,40 @@ def unpacked_sequences() -> Iterator[None]:
         yield
     finally:
         masking.find_packed_sequence_indices = check  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def flash_attention() -> Iterator[None]:
+    """On ``meta`` tensors, ``F.scaled_dot_product_attention`` picks no fused kernel (it
+    has no device to pick for) and traces as explicit softmax attention, whose score
+    matrices a device with flash attention never holds. While tracing on meta, it calls
+    the CPU flash-attention op instead: the same inputs, output and saved log-sum-exp as
+    a GPU's flash kernel. Grouped-query key and value heads are repeated first (the
+    fused kernels read them in place: the copies count a little more than they hold)."""
+    plain = F.scaled_dot_product_attention
+
+    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+        if attn_mask is not None or dropout_p or q.dim() != 4:
+            return plain(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa and k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = flash  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = plain
+
+
+@contextlib.contextmanager
+def stand_ins() -> Iterator[None]:
+    """Every stand-in of this module, while the block runs: flash attention, the losses
+    written out, and no packed sequences."""
+    with flash_attention(), losses_written_out(), unpacked_sequences():
+        yield

@@ -52,7 +52,7 @@ from rematc._torch_compat import (
 from rematc.capture import Captured
 from rematc.devices import profile_for
 from rematc.emit import Emitted, emit
-from rematc.onmeta import losses_written_out, unpacked_sequences
+from rematc.onmeta import stand_ins
 from rematc.partition import capture_prepared, capture_stage, shape_env_of
 from solvers import Plan, Problem
 
@@ -183,9 +183,7 @@ def trace(model: nn.Module, inputs: Sequence[Any], *, device: str = "cpu",
         # A shape error is logged with its traceback by the fake-tensor run, then raised
         # as Dynamo's TorchRuntimeError: the TraceError below says it in one line.
         with _backend(spy, target) as backend, _tracebacks_held("torch._subclasses.fake_tensor"), \
-                _fused_attention(on_meta), (losses_written_out() if on_meta else contextlib.nullcontext()), \
-                (unpacked_sequences() if on_meta else contextlib.nullcontext()), \
-                collector_paused():
+                (stand_ins() if on_meta else contextlib.nullcontext()), collector_paused():
             # One graph: a problem is one graph, and a break would leave the rest unplanned.
             torch.compile(model, backend=backend, fullgraph=True)(*inputs)
     except Exception as e:
@@ -362,40 +360,6 @@ def _on_meta(model: nn.Module, inputs: Sequence[Any]) -> bool:
     tensors = [*model.parameters(), *model.buffers(),
                *(t for t in tree_leaves(tuple(inputs)) if isinstance(t, torch.Tensor))]
     return any(t.device.type == "meta" for t in tensors)
-
-
-@contextlib.contextmanager
-def _fused_attention(on_meta: bool) -> Iterator[None]:
-    """On ``meta`` tensors, ``F.scaled_dot_product_attention`` picks no fused kernel (it
-    has no device to pick for) and traces as explicit softmax attention, whose score
-    matrices a device with flash attention never holds. While tracing on meta, it calls
-    the CPU flash-attention op instead: the same inputs, output and saved log-sum-exp as
-    a GPU's flash kernel. Grouped-query key and value heads are repeated first (the
-    fused kernels read them in place: the copies count a little more than they hold)."""
-    if not on_meta:
-        yield
-        return
-    import torch.nn.functional as F
-
-    plain = F.scaled_dot_product_attention
-
-    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
-              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False) -> torch.Tensor:
-        if attn_mask is not None or dropout_p or q.dim() != 4:
-            return plain(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                         scale=scale, enable_gqa=enable_gqa)
-        if enable_gqa and k.shape[1] != q.shape[1]:
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, scale=scale)[0]
-
-    F.scaled_dot_product_attention = flash  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = plain
 
 
 def _cast(model: nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[nn.Module, tuple[Any, ...]]:
