@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.scale import grads_in_place
+from bench.scale import traced as scale_traced
 from solvers import (
     InfeasibleBudgetError,
     Problem,
@@ -126,13 +128,9 @@ SCALE = ("llama2-7b",)  # from bench.scale, traced there
 def traced(family: str, cache: Path) -> Problem:
     """The family's problem, traced once and kept in ``cache``."""
     if family in SCALE:
-        from bench.scale import grads_in_place
-        from bench.scale import traced as scale_traced
-
         return grads_in_place(scale_traced(family, cache)[0])
     path = cache / f"{family}.json"
     if not path.exists():
-        from bench.scale import grads_in_place
         from rematc.trace import trace
 
         model, inputs = FAMILIES[family]()

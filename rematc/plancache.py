@@ -14,8 +14,8 @@ An entry holds the plan (``solvers.plan_to_json``) and the solver's status, obje
 bound and wall time. A budget the search found infeasible keeps, under a key of its own
 (:func:`store_refusal`), the least peak found and its plan, so that asking again raises
 the same :class:`solvers.InfeasibleBudgetError` without a search. Loading trusts nothing:
-an entry that does not parse, belongs to another key or format, or whose plan the checker rejects for this problem (invalid, or
-over budget) is logged, ignored and overwritten by the next solve. Writes go to a
+an entry that does not parse, belongs to another key or format, or whose plan the
+checker rejects for this problem (invalid, or over budget) is logged, ignored and overwritten by the next solve. Writes go to a
 temporary file in the same directory and are renamed into place (``os.replace`` is
 atomic on POSIX and Windows), so concurrent writers of one key leave one whole entry,
 never a mix. Entries get the mode the umask gives a new file (``0666 & ~umask``), as
