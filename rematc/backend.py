@@ -46,7 +46,7 @@ from rematc.partition import (
     graph_name,
     keep_in_hand,
 )
-from rematc.regions import block_calls, block_index, cached_survey, mark_regions
+from rematc.regions import block_calls, block_index, cached_survey, mark_regions, within_packed_check_eager
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
@@ -132,7 +132,7 @@ class Backend:
             finally:
                 partitioner.fixed = None
             # the step's need is the mix's, which the partitioning that offered it counted
-            record = partitioner._amend(blocks=tuple(range(start, start + count)),
+            record = partitioner._amend(blocks=tuple(range(start, start + count)), cached=mix.cached,
                                         **({"step_need": planned.step_need} if planned is not None else {}))
             assert record is not None
             start += count
@@ -475,6 +475,9 @@ def compile(
         # the columns a model's forward names (transformers' Trainer) read it.
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             compiled.forward.__signature__ = inspect.signature(model.forward)  # type: ignore[attr-defined]
+    if regions:
+        assert isinstance(compiled, torch.nn.Module)
+        within_packed_check_eager(compiled)
     if regions and opts.budget is not None and opts.budget.nbytes is not None:
         assert isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module)
         _survey_first_call(compiled, model, backend)

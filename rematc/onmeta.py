@@ -109,8 +109,8 @@ def flash_attention() -> Iterator[None]:
     has no device to pick for) and traces as explicit softmax attention, whose score
     matrices a device with flash attention never holds. While tracing on meta, it calls
     the CPU flash-attention op instead: the same inputs, output and saved log-sum-exp as
-    a GPU's flash kernel. Grouped-query key and value heads are repeated first (the
-    fused kernels read them in place: the copies count a little more than they hold)."""
+    a GPU's flash kernel. Grouped-query key and value heads are read in place, as the
+    fused kernels read them (the op takes fewer key and value heads than query heads)."""
     plain = F.scaled_dot_product_attention
 
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
@@ -119,9 +119,6 @@ def flash_attention() -> Iterator[None]:
         if attn_mask is not None or dropout_p or q.dim() != 4:
             return plain(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                          scale=scale, enable_gqa=enable_gqa)
-        if enable_gqa and k.shape[1] != q.shape[1]:
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, scale=scale)[0]
 

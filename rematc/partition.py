@@ -152,7 +152,8 @@ class Mixed:
     """Plans for the calls of a graph that runs several times per step, each run by
     ``counts[i]`` calls (the least-holding plan first: the first calls run it), chosen by
     :func:`solvers.mix.best_mix` within ``room`` bytes (with ``grads`` and ``reserve`` as
-    it counted them) at ``time`` seconds added over all calls."""
+    it counted them) at ``time`` seconds added over all calls; ``cached`` where every
+    plan offered was found in the plan cache."""
 
     plans: tuple[Plan, ...]
     tiers: tuple[Tier, ...]
@@ -161,6 +162,7 @@ class Mixed:
     grads: int
     reserve: int
     time: float
+    cached: bool = False
 
 
 _RECORDS: deque[PartitionRecord] = deque(maxlen=64)
@@ -225,14 +227,19 @@ class BudgetShare:
         """Bytes the graphs after ``graph`` need beside what it and the earlier graphs
         hold, from a survey of the step (``needs``, in execution order: see
         :func:`rematc.regions.survey`); 0 without one. Graph k is the k-th in the step's
-        order among those recorded; for each later graph j, its least peak plus what the
-        graphs between hold at their least-peak plans, the largest of those."""
+        order among those recorded. For each later graph j: its least peak, its other
+        calls' saved values or gradients (the larger), the gradients of the graphs after j
+        (alive while j's backward runs), and what the graphs between hold at their
+        least-peak plans; the largest of those."""
         if graph is None or not self.needs:
             return 0
         k = sum(1 for g in self.holds if g < graph)
+        later = self.needs[k + 1:]
         reserve, between = 0, 0
-        for need in self.needs[k + 1:]:
-            reserve = max(reserve, between + need.peak + (need.calls - 1) * need.holds)
+        for j, need in enumerate(later):
+            grads_after = sum(n.calls * n.grads for n in later[j + 1:])
+            reserve = max(reserve, between + need.peak + (need.calls - 1) * max(need.holds, need.grads)
+                          + grads_after)
             between += need.calls * need.holds
         return reserve
 
@@ -720,7 +727,7 @@ class RematPartitioner(CustomPartitionerFn):
             where=f"{where}the backward of an earlier graph runs beside the {keeps} B this one keeps "
                   f"to the step's end (its outputs and gradients), {over} B over the budget: ")
 
-    def mixed(self, problem: Problem, calls: int, uniform: Plan, *, reserve: int = 0,
+    def mixed(self, problem: Problem, calls: int, uniform: Planned, *, reserve: int = 0,
               grads: int = 0) -> Mixed | None:
         """Plans for the ``calls`` calls of this graph that together add at least
         :data:`MIX_GAIN` less time than ``uniform`` (the plan :meth:`room_for_calls` found
@@ -734,7 +741,9 @@ class RematPartitioner(CustomPartitionerFn):
         free = problem.with_budget(None)
         full = save_all(free)
         assert full.plan is not None and full.report is not None
-        plans = [uniform, full.plan, recompute_every(problem)]
+        assert uniform.result.plan is not None
+        plans = [uniform.result.plan, full.plan, recompute_every(problem)]
+        cached = uniform.cached
         least_peak = full.report.peak
         try:  # a budget of 0 asks for the least-peak plan
             plan_for(problem.with_budget(0), self.options)
@@ -745,11 +754,12 @@ class RematPartitioner(CustomPartitionerFn):
         for step in MIX_STEPS:
             at = int(least_peak + step * (full.report.peak - least_peak))
             try:
-                found = plan_for(problem.with_budget(at), self.options).result.plan
+                planned = plan_for(problem.with_budget(at), self.options)
             except (InfeasibleBudgetError, NoPlanError):
                 continue
-            if found is not None:
-                plans.append(found)
+            cached = cached and planned.cached
+            if planned.result.plan is not None:
+                plans.append(planned.result.plan)
         unique: dict[tuple[Any, ...], Plan] = {}
         for plan in plans:
             unique.setdefault(plan.key, plan)
@@ -762,7 +772,8 @@ class RematPartitioner(CustomPartitionerFn):
                  " + ".join(f"{c} x plan {i}" for i, c in zip(best.tiers, best.counts, strict=True)),
                  calls, best.time, calls * tiers[0].time)
         return Mixed(plans=tuple(offered[i] for i in best.tiers), tiers=tuple(tiers[i] for i in best.tiers),
-                     counts=best.counts, room=room, grads=grads, reserve=reserve, time=best.time)
+                     counts=best.counts, room=room, grads=grads, reserve=reserve, time=best.time,
+                     cached=cached)
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -815,8 +826,13 @@ class RematPartitioner(CustomPartitionerFn):
                     assert honoured is not None  # no budget: every plan fits
                     planned = Planned(honoured, cached=False)
                 else:
-                    reserve = self.share.reserve_after(graph) if budget is not None else 0
-                    after = self.share.gradients_after(graph) if budget is not None else 0
+                    if budget is not None:
+                        # The later graphs' gradients come off this graph's room (they are
+                        # alive while its backward runs). The reserve counts them too, at
+                        # the later graphs' own backwards, so they come off it as well:
+                        # the two are not alive at once beside this graph's saved values.
+                        after = self.share.gradients_after(graph)
+                        reserve = max(0, self.share.reserve_after(graph) - after)
                     if budget is not None and self.options.budget.nbytes is not None:  # type: ignore[union-attr]
                         after += lasting_after(captured.problem)
                     if after and problem.budget is not None:
@@ -831,7 +847,7 @@ class RematPartitioner(CustomPartitionerFn):
                         planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
                                                                grads=grads)
                         if self.mixes and calls > 1 and planned.result.plan is not None:
-                            self.mix = self.mixed(room, calls, planned.result.plan, reserve=reserve,
+                            self.mix = self.mixed(room, calls, planned, reserve=reserve,
                                                   grads=grads)
                     else:
                         planned = plan_for(problem, self.options, known=own)

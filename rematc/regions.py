@@ -13,16 +13,22 @@ its plan leaves room for that many calls in flight (``Options.calls``), since ev
 block keeps its saved values until its backward. The other graphs run once. Each block
 knows its index while it runs (:func:`block_index`), so the blocks may run different plans
 of their graph (:meth:`rematc.partition.RematPartitioner.mixed`).
+
+transformers' check for packed sequences runs eagerly in a regional step
+(:func:`packed_check_eager`): the model around the blocks then builds no explicit causal
+mask, as it builds none eagerly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from typing import Any
 
@@ -31,12 +37,14 @@ from torch import nn
 
 from rematc import plancache
 from rematc._torch_compat import tree_leaves, tree_map
-from rematc.onmeta import losses_written_out
+from rematc.onmeta import flash_attention, losses_written_out
 from rematc.options import Options
 from rematc.partition import Need, holds_after_forward
-from solvers import InfeasibleBudgetError, check
+from solvers import InfeasibleBudgetError, Plan, check
+from solvers.baselines import recompute_every
 
-__all__ = ["block_calls", "block_index", "cached_survey", "mark_regions", "repeated_blocks", "survey"]
+__all__ = ["block_calls", "block_index", "cached_survey", "mark_regions", "packed_check_eager", "repeated_blocks",
+           "survey", "within_packed_check_eager"]
 
 # The index of the block running now and how many blocks there are; None outside a
 # marked block.
@@ -110,6 +118,74 @@ def block_index() -> int | None:
     return None if block is None else block[0]
 
 
+def _none_packed(position_ids: torch.Tensor) -> None:
+    return None
+
+
+# The check each eager wrapper runs, by wrapper. One wrapper per function: Dynamo guards on
+# the identity of the global it reads, so a new wrapper each step would recompile the
+# model around the blocks each step.
+_RUNS: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _run_eagerly(check: Callable[..., Any]) -> Callable[..., Any]:
+    for wrapper, runs in _RUNS.items():
+        if runs is check:
+            return wrapper
+    wrapper = torch.compiler.disable(check, recursive=True)
+    _RUNS[wrapper] = check
+    return wrapper
+
+
+@contextlib.contextmanager
+def packed_check_eager(*, on_meta: bool = False) -> Iterator[None]:
+    """transformers' check for packed sequences (``find_packed_sequence_indices``) runs
+    eagerly, outside Dynamo's graphs, within the ``with`` statement; restored after, and
+    nothing happens where transformers' masking module is not loaded.
+
+    Given no attention mask, transformers reads the position ids for packed sequences.
+    Under Dynamo it cannot read them, keeps a packed-sequence mask, and builds an explicit
+    causal mask from it, which every block's graph turns into a float mask and runs its
+    masked attention with; run eagerly, the check finds none and leaves causality to SDPA's
+    ``is_causal``, as an eager step does. Under a whole-model compile the mask is built
+    once per step inside the one graph, and the graph break this costs is not worth it;
+    the model around a regional step's blocks breaks at every block anyway (32-layer
+    transformers Llama: 0.3629 against 0.3863 s a step, docs/benchmarks.md).
+
+    ``on_meta``: the check answers "none packed" (on ``meta`` tensors it cannot read the
+    ids either), still outside Dynamo's graphs, so that the survey's graphs are the real
+    step's for unpacked inputs."""
+    masking = sys.modules.get("transformers.masking_utils")
+    check = getattr(masking, "find_packed_sequence_indices", None)
+    if check is None:
+        yield
+        return
+    original = _RUNS.get(check, check)  # the library's own, where a step runs in another's scope
+    masking.find_packed_sequence_indices = _run_eagerly(_none_packed if on_meta else original)  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = check  # type: ignore[union-attr]
+
+
+def within_packed_check_eager(compiled: nn.Module) -> None:
+    """Every call of ``compiled`` runs within :func:`packed_check_eager` (forward hooks:
+    the scope closes when the call returns or raises)."""
+    scopes: list[contextlib.ExitStack] = []
+
+    def enter(module: nn.Module, args: Any) -> None:
+        scope = contextlib.ExitStack()
+        scope.enter_context(packed_check_eager())
+        scopes.append(scope)
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        if scopes:
+            scopes.pop().close()
+
+    compiled.register_forward_pre_hook(enter)
+    compiled.register_forward_hook(leave, always_call=True)
+
+
 def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,
            compile_twin: Callable[[nn.Module, Options], Callable[..., Any]]) -> tuple[Need, ...]:
     """What each graph of one regional step of ``model(*args, **kwargs)`` needs at its
@@ -127,7 +203,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     quiet = dataclasses.replace(options, budget=None, compiler="eager", cache_dir=None, verify=False,
                                 calls=1)
     before = len(_RECORDS)
-    with losses_written_out():
+    with losses_written_out(), flash_attention(), packed_check_eager(on_meta=True):
         compiled = compile_twin(twin, quiet)
         loss = _loss_of(compiled(*meta[0], **meta[1]))
         loss.backward()
@@ -136,13 +212,21 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
         _RECORDS.pop()
     needs = []
     for record in sorted(records, key=lambda r: r.graph or (0, 0)):
-        try:
-            plan_for(record.problem.with_budget(0), quiet)
-        except InfeasibleBudgetError as e:
-            least = e.plan
+        free = record.problem.with_budget(None)
+        if record.calls > 1:
+            # A graph of several calls is counted at the plan each of them can run, the
+            # block checkpointed whole, which the real graph's planning has as a last
+            # resort: the least-peak plan holds what its least time needs, which differs
+            # between the twin's graph and the real one.
+            least: Plan | None = recompute_every(free)
         else:
-            least = None
-        report = check(record.problem.with_budget(None), least or record.plan)
+            try:
+                plan_for(record.problem.with_budget(0), quiet)
+            except InfeasibleBudgetError as e:
+                least = e.plan
+            else:
+                least = None
+        report = check(free, least or record.plan)
         needs.append(Need(calls=record.calls, peak=report.peak,
                           holds=holds_after_forward(record.problem, report),
                           grads=record.grads))
@@ -176,7 +260,7 @@ def _survey_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         return repr(t)
 
     material = {
-        "format": "rematc.survey/1",
+        "format": "rematc.survey/2",
         "model": type(model).__qualname__,
         "state": [[name, *describe(t)] for name, t in (*model.named_parameters(), *model.named_buffers())],
         "inputs": [describe(t) for t in tree_leaves((args, kwargs))],

@@ -194,3 +194,52 @@ def test_the_smallest_budget_a_regional_step_states_runs_within_itself() -> None
     step(compiled)
     model.zero_grad(set_to_none=True)
     assert profiler_peak(lambda: step(compiled)) <= stated + OUTSIDE
+
+
+def _block_masks(model: nn.Module) -> list[Any]:
+    """The attention masks ``model``'s blocks are called with, as they are called."""
+    masks: list[Any] = []
+    for block in model.model.layers:
+        block.register_forward_pre_hook(lambda m, a, k: masks.append(k.get("attention_mask")), with_kwargs=True)
+    return masks
+
+
+def test_a_regional_step_builds_no_causal_mask_where_eager_builds_none() -> None:
+    """Given no attention mask, transformers checks the position ids for packed
+    sequences; rematc runs that check eagerly in a regional step, so that the model around
+    the blocks leaves causality to SDPA as an eager step does, instead of building an
+    explicit mask every block's graph converts and attends with. The check is the
+    library's own again after the step."""
+    import transformers.masking_utils as masking
+
+    library = masking.find_packed_sequence_indices
+    torch._dynamo.reset()
+    model = llama()
+    eager_masks = _block_masks(model)
+    step(model)
+    assert eager_masks == [None] * LAYERS
+    model = llama()
+    masks = _block_masks(model)
+    compiled = rematc.compile(model, budget="1GiB", compiler="eager", cache_dir=None, regions=True)
+    step(compiled)
+    step(compiled)
+    assert masks and all(m is None for m in masks)
+    assert masking.find_packed_sequence_indices is library
+
+
+def test_packed_sequences_give_eagers_loss_and_gradients_in_a_regional_step() -> None:
+    """Position ids that restart within a row (two sequences packed in one) are read by
+    the eagerly run check, and the step attends within each sequence, as eager does."""
+    positions = torch.arange(16).repeat(2).expand(2, 32)
+    torch._dynamo.reset()
+    reference, model = llama(), llama()
+    masks = _block_masks(model)
+    expected = reference(input_ids=IDS, labels=IDS, position_ids=positions).loss
+    expected.backward()
+    compiled = rematc.compile(model, budget="1GiB", compiler="eager", cache_dir=None, regions=True)
+    got = compiled(input_ids=IDS, labels=IDS, position_ids=positions).loss
+    got.backward()
+    assert any(m is not None for m in masks)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+    for (name, g), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(g.grad, want.grad, msg=name)
