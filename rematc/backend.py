@@ -46,7 +46,13 @@ from rematc.partition import (
     graph_name,
     keep_in_hand,
 )
-from rematc.regions import block_calls, block_index, cached_survey, mark_regions, within_packed_check_eager
+from rematc.regions import (
+    block_calls,
+    block_index,
+    cached_survey,
+    mark_regions,
+    within_packed_check_eager,
+)
 from rematc.reuse import allocate_line, planned_reuse
 from rematc.wholestep import auto_budget
 from solvers import InfeasibleBudgetError
