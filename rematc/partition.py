@@ -66,7 +66,7 @@ from solvers import (
     save_all,
     solve,
 )
-from solvers.baselines import free_values, greedy, plan_with, recompute_every
+from solvers.baselines import free_values, greedy, holding_ladder, plan_with, recompute_every
 from solvers.free import floor, least_peak_free, only_free
 from solvers.mix import Tier, best_mix
 from solvers.mix import need as calls_need
@@ -623,10 +623,14 @@ class RematPartitioner(CustomPartitionerFn):
         planned for.
 
         The first round plans at the whole budget, each next one at a budget smaller by
-        the excess of the last, or halfway back up where no plan met that; the least-peak
-        plan is the last resort. Where that fails
-        too, :class:`InfeasibleBudgetError` states what the least-peak plan needs, with the
-        plan (kept in hand by :meth:`least`, so that asking for that budget gets it).
+        the excess of the last, or halfway back up where no plan met that. The last
+        resorts: the least-peak plan, the block checkpointed whole, and
+        :func:`solvers.baselines.holding_ladder`'s plans between (a search under a peak
+        finds plans that hold what one call's peak allows, and with many calls what each
+        holds is what counts); the fastest that fits where a survey of the step counted
+        the graphs after this one, else the one that needs least. Where none fits,
+        :class:`InfeasibleBudgetError` states what the one that needs least needs, with
+        the plan (kept in hand by :meth:`least`, so that asking for that budget gets it).
         The plan found, and the budget it was planned at, go to the plan cache where there
         is one, and are taken from it at the same room, calls and reserve."""
         room = problem.budget
@@ -678,8 +682,9 @@ class RematPartitioner(CustomPartitionerFn):
                 tried = (none_at + over_at) // 2
             if tried <= none_at or tried >= over_at:
                 break
-        # The last resorts: the least-peak plan, and the plan that holds least (every
-        # recomputable value recomputed: the block checkpointed whole).
+        # The last resorts: the least-peak plan, the plan that holds least (every
+        # recomputable value recomputed: the block checkpointed whole), and the rungs
+        # between that and saving everything; the fastest that fits.
         try:  # a budget of 0 asks for the least-peak plan
             plan_for(problem.with_budget(0), self.options)
         except InfeasibleBudgetError as e:
@@ -687,17 +692,27 @@ class RematPartitioner(CustomPartitionerFn):
         else:  # nothing is allocated at all: any plan fits
             return plan_for(problem, self.options), problem
         resorts.append(recompute_every(problem))
+        # Between the two, plans that hold little more than the second and recompute less.
+        resorts += holding_ladder(problem)
         best: tuple[int, float, int, Plan] | None = None  # (need, added time, peak, plan)
+        fitting: tuple[float, int, int, Plan] | None = None  # (added time, need, peak, plan)
         for plan in resorts:
             report = check(problem.with_budget(None), plan)
             if best is None or (needed(report), report.added_time) < best[:2]:
                 best = (needed(report), report.added_time, report.peak, plan)
+            if needed(report) <= room and (fitting is None or (report.added_time, needed(report)) < fitting[:2]):
+                fitting = (report.added_time, needed(report), report.peak, plan)
         if best is None:
             raise InfeasibleBudgetError(room, None, proven=False)
+        if fitting is not None and self.share.needs:
+            # The fastest of those that fit, where a survey counted the graphs after this
+            # one (reserve); without one, what they keep to the step's end is not known
+            # yet, and the plan that needs least leaves them the most.
+            best = (fitting[1], fitting[0], fitting[2], fitting[3])
         least, _, peak, plan = best
         if least <= room:
             fitted = problem.with_budget(peak + room - least)
-            fits = _fitting(fitted, plan, "least-peak")
+            fits = _fitting(fitted, plan, "least-peak" if plan is resorts[0] else "holding-ladder")
             assert fits is not None
             return found(Planned(fits, cached=False), fitted)
         raise InfeasibleBudgetError(room, least, proven=False, plan=plan)
@@ -742,7 +757,7 @@ class RematPartitioner(CustomPartitionerFn):
         full = save_all(free)
         assert full.plan is not None and full.report is not None
         assert uniform.result.plan is not None
-        plans = [uniform.result.plan, full.plan, recompute_every(problem)]
+        plans = [uniform.result.plan, full.plan, recompute_every(problem), *holding_ladder(problem)]
         cached = uniform.cached
         least_peak = full.report.peak
         try:  # a budget of 0 asks for the least-peak plan

@@ -41,7 +41,8 @@ from rematc.onmeta import flash_attention, losses_written_out
 from rematc.options import Options
 from rematc.partition import Need, holds_after_forward
 from solvers import InfeasibleBudgetError, Plan, check
-from solvers.baselines import recompute_every
+from solvers.baselines import holding_ladder, recompute_every
+from solvers.mix import need
 
 __all__ = ["block_calls", "block_index", "cached_survey", "mark_regions", "packed_check_eager", "repeated_blocks",
            "survey", "within_packed_check_eager"]
@@ -195,7 +196,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     room left for the graphs after it (:meth:`BudgetShare.reserve_after`): a block
     compiled before the loss head would otherwise take all of the budget.
     ``compile_twin(twin, options)`` compiles the twin regionally with rematc's backend."""
-    from rematc.partition import _RECORDS, plan_for
+    from rematc.partition import _RECORDS, plan_for, tier
 
     twin = _meta_twin(model)
     mark_regions(twin)
@@ -214,11 +215,15 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     for record in sorted(records, key=lambda r: r.graph or (0, 0)):
         free = record.problem.with_budget(None)
         if record.calls > 1:
-            # A graph of several calls is counted at the plan each of them can run, the
-            # block checkpointed whole, which the real graph's planning has as a last
-            # resort: the least-peak plan holds what its least time needs, which differs
-            # between the twin's graph and the real one.
-            least: Plan | None = recompute_every(free)
+            # A graph of several calls is counted at the plan, of those the real graph's
+            # planning has as last resorts and finds alike on the twin (the block
+            # checkpointed whole and the rungs above it), that needs least for all its
+            # calls. Not the least-peak plan: it holds what its least time needs, which
+            # differs between the twin's graph and the real one.
+            def calls_need(plan: Plan) -> int:
+                return need([tier(free, check(free, plan))], [record.calls], grads=record.grads)
+
+            least: Plan | None = min([recompute_every(free), *holding_ladder(free)], key=calls_need)
         else:
             try:
                 plan_for(record.problem.with_budget(0), quiet)

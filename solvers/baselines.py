@@ -214,6 +214,41 @@ def recompute_every(problem: Problem) -> Plan:
     return plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})
 
 
+def holding_ladder(problem: Problem, rungs: int = 16) -> list[Plan]:
+    """At most ``rungs`` plans from the block checkpointed whole (:func:`recompute_every`)
+    towards saving everything, in order: each saves more than the last, adding the
+    recomputed values in the order of the added time each takes off, alone, per byte it
+    adds to what is saved (a free one first); where there are more steps than ``rungs``,
+    steps spread evenly along them. Each plan is the checker's to judge: saving one value
+    also changes what its readers need.
+
+    A graph whose forward runs many times before its backward (a block compiled on its
+    own) holds every call's saved bytes at once, so what matters there is the time each
+    byte held buys; a search for the least time under a peak does not step through
+    these plans (its plans hold what a single call's peak allows)."""
+    recomputable = {v for v in problem.candidates if problem.nodes[v].recomputable}
+    free = problem.with_budget(None)
+    base = check(free, plan_with(free, recomputable))
+    gains: list[tuple[float, int]] = []
+    for v in recomputable:
+        report = check(free, plan_with(free, recomputable - {v}))
+        added = report.saved_bytes - base.saved_bytes
+        saved = base.added_time - report.added_time
+        if saved > 0:
+            gains.append((math.inf if added <= 0 else saved / added, v))
+    gains.sort(key=lambda g: (-g[0], g[1]))
+    ladder, recomputed, seen = [], set(recomputable), set()
+    for _, v in gains:
+        recomputed.discard(v)
+        plan = plan_with(problem, recomputed)
+        if plan.key not in seen:
+            seen.add(plan.key)
+            ladder.append(plan)
+    if len(ladder) <= rungs:
+        return ladder
+    return [ladder[round(k * (len(ladder) - 1) / (rungs - 1))] for k in range(rungs)]
+
+
 def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:
     """:func:`plan_with`'s decisions: ``recomputed`` less what nothing reads, recomputed;
     everything else the backward or they read, saved."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import partial
 
@@ -10,12 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solvers import Decision, Node, Problem, SolverConfig, Status, check, save_all, solve
+from solvers.checker import Report
 from solvers.baselines import (
     checkpoint_every,
     free_recompute,
     greedy,
+    holding_ladder,
     knapsack,
     knapsack_choice,
+    plan_with,
+    recompute_every,
     selective,
     sqrt_n,
 )
@@ -135,3 +140,43 @@ def test_selective_checkpointing_saves_what_has_flops_and_recomputes_the_rest() 
     pointwise = {v for v in p.candidates if p.nodes[v].flops == 0 and p.nodes[v].recomputable}
     assert recomputed and recomputed <= pointwise
     assert not any(p.nodes[v].flops for v in recomputed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_problems())
+def test_the_holding_ladder_saves_more_for_less_time_at_each_rung(problem: Problem) -> None:
+    """Each rung is a plan the checker accepts, recomputes a subset of what the rung below
+    recomputes (the first: of the block checkpointed whole) and adds no more time; the
+    first rung saves the value whose saving alone takes off the most time per byte."""
+    free = problem.with_budget(None)
+    whole = recompute_every(free)
+    ladder = holding_ladder(free)
+    below, time = set(whole.of(Decision.RECOMPUTE)), check(free, whole).added_time
+    for plan in ladder:
+        report = check(free, plan)
+        assert set(plan.of(Decision.RECOMPUTE)) < below
+        assert report.added_time <= time + 1e-9
+        below, time = set(plan.of(Decision.RECOMPUTE)), report.added_time
+    if not ladder:
+        return
+    base = check(free, whole)
+    recomputable = {v for v in free.candidates if free.nodes[v].recomputable}
+
+    def gain(report: Report) -> float:
+        saved, added = base.added_time - report.added_time, report.saved_bytes - base.saved_bytes
+        return math.inf if added <= 0 else saved / added
+
+    singles = [check(free, plan_with(free, recomputable - {v})) for v in recomputable]
+    best = max(gain(r) for r in singles if base.added_time - r.added_time > 0)
+    first = check(free, ladder[0])
+    assert gain(first) >= best * (1 - 1e-9)
+
+
+def test_the_holding_ladder_keeps_at_most_its_rungs_spread_along_it() -> None:
+    problem = chain_problem([4, 1] * 20, [1.0, 3.0] * 20)
+    every = holding_ladder(problem, rungs=1000)
+    thinned = holding_ladder(problem, rungs=5)
+    assert len(every) > 5 and len(thinned) == 5
+    keys = [plan.key for plan in every]
+    assert thinned[0].key == keys[0] and thinned[-1].key == keys[-1]
+    assert all(plan.key in keys for plan in thinned)
