@@ -39,8 +39,8 @@ from rematc import plancache
 from rematc._torch_compat import tree_leaves, tree_map
 from rematc.onmeta import flash_attention, losses_written_out
 from rematc.options import Options
-from rematc.partition import Need, holds_after_forward
-from solvers import InfeasibleBudgetError, Plan, check
+from rematc.partition import Need, holds_after_forward, tier
+from solvers import InfeasibleBudgetError, Plan, Problem, check
 from solvers.baselines import holding_ladder, recompute_every
 from solvers.mix import need
 
@@ -196,7 +196,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     room left for the graphs after it (:meth:`BudgetShare.reserve_after`): a block
     compiled before the loss head would otherwise take all of the budget.
     ``compile_twin(twin, options)`` compiles the twin regionally with rematc's backend."""
-    from rematc.partition import _RECORDS, plan_for, tier
+    from rematc.partition import _RECORDS, plan_for
 
     twin = _meta_twin(model)
     mark_regions(twin)
@@ -220,10 +220,9 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
             # checkpointed whole and the rungs above it), that needs least for all its
             # calls. Not the least-peak plan: it holds what its least time needs, which
             # differs between the twin's graph and the real one.
-            def calls_need(plan: Plan) -> int:
-                return need([tier(free, check(free, plan))], [record.calls], grads=record.grads)
-
-            least: Plan | None = min([recompute_every(free), *holding_ladder(free)], key=calls_need)
+            least: Plan | None = min(
+                [recompute_every(free), *holding_ladder(free)],
+                key=functools.partial(_calls_need, free, record.calls, record.grads))
         else:
             try:
                 plan_for(record.problem.with_budget(0), quiet)
@@ -236,6 +235,11 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
                           holds=holds_after_forward(record.problem, report),
                           grads=record.grads))
     return tuple(needs)
+
+
+def _calls_need(free: Problem, calls: int, grads: int, plan: Plan) -> int:
+    """What ``calls`` calls of ``plan`` need (:func:`solvers.mix.need`)."""
+    return need([tier(free, check(free, plan))], [calls], grads=grads)
 
 
 def cached_survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solvers import Decision, Node, Problem, SolverConfig, Status, check, save_all, solve
-from solvers.checker import Report
 from solvers.baselines import (
     checkpoint_every,
     free_recompute,
@@ -24,6 +23,7 @@ from solvers.baselines import (
     selective,
     sqrt_n,
 )
+from solvers.checker import Report
 from solvers.floor import baseline
 from solvers.problem import chain_problem
 from solvers.result import InfeasibleBudgetError
