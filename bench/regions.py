@@ -101,7 +101,9 @@ def run(config: str, layers: int, budget: int | None, cache: str) -> dict[str, A
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        return {"config": config, "budget": budget, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+        said = done.stderr.strip().splitlines() or ["?"]
+        errors = [line for line in said if "Error: " in line]  # rematc's, not Dynamo's boilerplate after it
+        return {"config": config, "budget": budget, "error": (errors or said)[-1]}
     return dict(json.loads(lines[-1]))
 
 
