@@ -214,13 +214,20 @@ def recompute_every(problem: Problem) -> Plan:
     return plan_with(problem, {v for v in problem.candidates if problem.nodes[v].recomputable})
 
 
+# Values a ladder judges one by one with the checker, and plans it builds, at most: beyond
+# that (a whole model's graph planned for several calls) it orders by each value's own
+# recompute time per byte and builds only the rungs it returns.
+LADDER_SCAN = 128
+
+
 def holding_ladder(problem: Problem, rungs: int = 16) -> list[Plan]:
     """At most ``rungs`` plans from the block checkpointed whole (:func:`recompute_every`)
     towards saving everything, in order: each saves more than the last, adding the
     recomputed values in the order of the added time each takes off, alone, per byte it
     adds to what is saved (a free one first); where there are more steps than ``rungs``,
     steps spread evenly along them. Each plan is the checker's to judge: saving one value
-    also changes what its readers need.
+    also changes what its readers need. With more than :data:`LADDER_SCAN` recomputable
+    values, the order is by each one's own time per byte, without the checker.
 
     A graph whose forward runs many times before its backward (a block compiled on its
     own) holds every call's saved bytes at once, so what matters there is the time each
@@ -228,19 +235,28 @@ def holding_ladder(problem: Problem, rungs: int = 16) -> list[Plan]:
     these plans (its plans hold what a single call's peak allows)."""
     recomputable = {v for v in problem.candidates if problem.nodes[v].recomputable}
     free = problem.with_budget(None)
-    base = check(free, plan_with(free, recomputable))
     gains: list[tuple[float, int]] = []
-    for v in recomputable:
-        report = check(free, plan_with(free, recomputable - {v}))
-        added = report.saved_bytes - base.saved_bytes
-        saved = base.added_time - report.added_time
-        if saved > 0:
-            gains.append((math.inf if added <= 0 else saved / added, v))
+    if len(recomputable) <= LADDER_SCAN:
+        base = check(free, plan_with(free, recomputable))
+        for v in recomputable:
+            report = check(free, plan_with(free, recomputable - {v}))
+            added = report.saved_bytes - base.saved_bytes
+            saved = base.added_time - report.added_time
+            if saved > 0:
+                gains.append((math.inf if added <= 0 else saved / added, v))
+    else:
+        for v in recomputable:
+            n = problem.nodes[v]
+            if n.time > 0:
+                gains.append((math.inf if n.size <= 0 else n.time / n.size, v))
     gains.sort(key=lambda g: (-g[0], g[1]))
-    ladder, recomputed, seen = [], set(recomputable), set()
-    for _, v in gains:
-        recomputed.discard(v)
-        plan = plan_with(problem, recomputed)
+    order = [v for _, v in gains]
+    # the steps built: every one, or as many as are returned, spread evenly
+    steps = (range(1, len(order) + 1) if len(order) <= LADDER_SCAN
+             else sorted({round(k * len(order) / rungs) for k in range(1, rungs + 1)}))
+    ladder, seen = [], set()
+    for k in steps:
+        plan = plan_with(problem, recomputable - set(order[:k]))
         if plan.key not in seen:
             seen.add(plan.key)
             ladder.append(plan)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from solvers import Decision, Node, Problem, SolverConfig, Status, check, save_all, solve
 from solvers.baselines import (
+    LADDER_SCAN,
     checkpoint_every,
     free_recompute,
     greedy,
@@ -180,3 +181,18 @@ def test_the_holding_ladder_keeps_at_most_its_rungs_spread_along_it() -> None:
     keys = [plan.key for plan in every]
     assert thinned[0].key == keys[0] and thinned[-1].key == keys[-1]
     assert all(plan.key in keys for plan in thinned)
+
+
+def test_a_ladder_over_many_values_orders_them_without_the_checker() -> None:
+    """Past LADDER_SCAN recomputable values (a whole model planned for several calls) the
+    ladder orders by each value's own time per byte and builds only its rungs: still at
+    most ``rungs`` plans, each recomputing less than the one below and adding no more."""
+    problem = chain_problem([4, 1] * 100, [1.0, 3.0] * 100)
+    assert sum(problem.nodes[v].recomputable for v in problem.candidates) > LADDER_SCAN
+    ladder = holding_ladder(problem, rungs=6)
+    assert 2 <= len(ladder) <= 6
+    below, time = set(recompute_every(problem).of(Decision.RECOMPUTE)), math.inf
+    for plan in ladder:
+        report = check(problem.with_budget(None), plan)
+        assert set(plan.of(Decision.RECOMPUTE)) < below and report.added_time <= time
+        below, time = set(plan.of(Decision.RECOMPUTE)), report.added_time
