@@ -168,7 +168,7 @@ def worker(args: argparse.Namespace) -> None:
     peaks = dict(zip(args.families, args.peaks, strict=True))
     for family in args.families:
         problem = traced(family, args.cache)
-        for at in AT:
+        for at in args.at:
             budget = int(peaks[family] * at)
             t0 = time.perf_counter()
             row: dict[str, Any] = {"family": family, "at": at, "budget": budget}
@@ -196,7 +196,7 @@ def settings(only: list[str]) -> list[str | None]:
 def run(setting_: str | None, args: argparse.Namespace) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "bench.constants", "--worker", "--cache", str(args.cache),
                "--time-limit", str(args.time_limit), "--families", *args.families,
-               "--peaks", *(str(p) for p in args.peaks)]
+               "--peaks", *(str(p) for p in args.peaks), "--at", *(str(a) for a in args.at)]
     if setting_:
         command += ["--set", setting_]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -218,7 +218,7 @@ def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namesp
     """The tables: the as-is runs and their spread, then per constant each case's added
     time at the value below, as is (the as-is runs' median) and above, and the ratio of
     as is to the best of the three."""
-    cases = [(f, at) for f in args.families for at in AT]
+    cases = [(f, at) for f in args.families for at in args.at]
 
     def added(rows: list[dict[str, Any]], case: tuple[str, float]) -> float | None:
         row = next(r for r in rows if (r["family"], r["at"]) == case)
@@ -266,6 +266,8 @@ def main() -> None:
     p.add_argument("--families", nargs="+", default=[*FAMILIES, *SCALE], choices=[*FAMILIES, *SCALE])
     p.add_argument("--only", nargs="+", default=list(CONSTANTS), choices=list(CONSTANTS))
     p.add_argument("--time-limit", type=float, default=20.0)
+    p.add_argument("--at", nargs="+", type=float, default=list(AT),
+                   help="budgets, as shares of checkpointing every segment's peak")
     p.add_argument("--out", type=Path, help="append the tables to this markdown file")
     p.add_argument("--json", type=Path, help="keep every run's rows here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -33,7 +33,8 @@ def test_the_report_reads_the_median_of_the_own_runs_against_each_neighbour() ->
     is not; the own runs' spread is reported."""
     results = {constants.BASE: [rows(1.00, 2.0), rows(1.10, 2.0), rows(1.20, 2.0)],
                "chain.SPAN=low": [rows(1.00, 1.98)], "chain.SPAN=high": [rows(1.2, 2.5)]}
-    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7})
+    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7},
+                              at=list(constants.AT))
     text = "\n".join(constants.report(results, args))
     assert "| f | 1x | 7 | 1,000.0 / 1,100.0 / 1,200.0 | 20.0% |" in text
     assert "| `chain.SPAN` | 3 / 4 / 5 | 1.100 | f 1x (+10.0%) |" in text
