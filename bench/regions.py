@@ -1,4 +1,4 @@
-"""Regional against whole-model compilation of a deep transformers Llama, side by side.
+"""Regional against whole-model compilation of a deep transformers Llama or GPT-2, side by side.
 
 Each configuration runs in a fresh process (Dynamo and Inductor start cold; Inductor's
 caches are off), the processes alternating over ``--rounds``. Each reports its first
@@ -8,6 +8,7 @@ budgets are set from HF gradient checkpointing's measured peak under the default
 ``torch.compile``, measured first in the same run.
 
     python -m bench.regions --layers 32 --rounds 2 --out bench/results/regions
+    python -m bench.regions --model gpt2 --layers 32 --rounds 2 --out bench/results/regions
 
 Configurations: ``compile`` (default ``torch.compile``, whole model), ``compile_regional``
 (each decoder layer ``.compile()``d, PyTorch's regional recipe), ``hf_ckpt`` (HF
@@ -33,35 +34,50 @@ MiB = 2**20
 STEPS = 5  # steps timed after the first
 
 
-def build(layers: int) -> tuple[Any, Any]:
+MODELS = ("llama", "gpt2")
+
+
+def build(layers: int, model: str = "llama") -> tuple[Any, Any]:
+    """transformers' causal LM of ``model``'s kind at width 128 (4 heads), ``layers`` deep,
+    vocabulary 1024, no dropout, random weights; and a batch of 4 x 256 token ids."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=344, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=layers, vocab_size=1024,
-                                      max_position_embeddings=256, use_cache=False)
-    config._attn_implementation = "sdpa"
-    model = transformers.LlamaForCausalLM(config)
-    model.train()
+    if model == "gpt2":
+        config: Any = transformers.GPT2Config(n_embd=128, n_head=4, n_layer=layers, vocab_size=1024,
+                                              n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+                                              attn_pdrop=0.0, use_cache=False)
+        config._attn_implementation = "sdpa"
+        lm: Any = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(hidden_size=128, intermediate_size=344, num_attention_heads=4,
+                                          num_key_value_heads=2, num_hidden_layers=layers, vocab_size=1024,
+                                          max_position_embeddings=256, use_cache=False)
+        config._attn_implementation = "sdpa"
+        lm = transformers.LlamaForCausalLM(config)
+    lm.train()
     ids = torch.randint(0, 1024, (4, 256), generator=torch.Generator().manual_seed(0))
-    return model, ids
+    return lm, ids
 
 
-def worker(config: str, layers: int, budget: int | None, cache: str) -> dict[str, Any]:
+def worker(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama") -> dict[str, Any]:
     """One configuration in this process: its first step, step median, peak and loss."""
     import torch
 
     import rematc
     from rematc.memory import profiler_peak
+    from rematc.regions import repeated_blocks
 
-    model, ids = build(layers)
+    model, ids = build(layers, kind)
     if config == "hf_ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config in ("compile", "hf_ckpt"):
         compiled: Any = torch.compile(model)
     elif config == "compile_regional":
-        for layer in model.model.layers:
+        found = repeated_blocks(model)
+        assert found is not None
+        for layer in found[1]:
             layer.compile()
         compiled = model
     else:
@@ -95,10 +111,10 @@ def worker(config: str, layers: int, budget: int | None, cache: str) -> dict[str
             "cached": all(r.cached or r.solver == "save_all" for r in records) if records else None}
 
 
-def run(config: str, layers: int, budget: int | None, cache: str) -> dict[str, Any]:
+def run(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama") -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     args = [sys.executable, "-m", "bench.regions", "--worker", config, "--layers", str(layers),
-            "--cache", cache] + ([] if budget is None else ["--budget", str(budget)])
+            "--cache", cache, "--model", kind] + ([] if budget is None else ["--budget", str(budget)])
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -110,6 +126,7 @@ def run(config: str, layers: int, budget: int | None, cache: str) -> dict[str, A
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS, default="llama")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.8])
@@ -120,10 +137,10 @@ def main() -> None:
     parser.add_argument("--cache", default="off")
     a = parser.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache)))
+        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model)))
         return
     rows: list[dict[str, Any]] = []
-    reference = run("hf_ckpt", a.layers, None, "off")
+    reference = run("hf_ckpt", a.layers, None, "off", a.model)
     rows.append({**reference, "round": 0})
     for r in range(a.rounds):
         plans = tempfile.mkdtemp(prefix="rematc-plans-")
@@ -139,27 +156,29 @@ def main() -> None:
             configs = configs[::-1]
             configs = sorted(configs, key=lambda c: "_warm@" in c[0])
         for config, budget, cache in configs:
-            row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache),
+            row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache, a.model),
                    "config": config, "round": r + 1}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    table = render(rows, a.layers)
+    table = render(rows, a.layers, a.model)
     print(table)
     if a.out and a.only:  # a partial run beside the last full one
         a.out = a.out / "partial"
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / f"llama{a.layers}-regions.md").write_text(table + "\n")
-        (a.out / f"llama{a.layers}-regions.json").write_text(json.dumps(rows, indent=1) + "\n")
+        stem = f"{a.model}{'-' if a.model[-1].isdigit() else ''}{a.layers}-regions"  # llama32, gpt2-32
+        (a.out / f"{stem}.md").write_text(table + "\n")
+        (a.out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
-def render(rows: list[dict[str, Any]], layers: int) -> str:
+def render(rows: list[dict[str, Any]], layers: int, kind: str = "llama") -> str:
     by: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row["round"]:
             by.setdefault(row["config"], []).append(row)
     base = by.get("compile", [])
-    out = [f"transformers Llama, {layers} layers, hidden 128, batch 4, seq 256 (CPU, medians over rounds)", "",
+    name = "GPT-2" if kind == "gpt2" else "Llama"
+    out = [f"transformers {name}, {layers} layers, hidden 128, batch 4, seq 256 (CPU, medians over rounds)", "",
            "| config | budget MiB | first step s | x compile's | step s | x hf_ckpt's | peak MiB | predicted MiB | loss |",
            "|---|---|---|---|---|---|---|---|---|"]
     ckpt = by.get("hf_ckpt", [])
