@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -81,26 +81,34 @@ def losses_written_out() -> Iterator[None]:
         F.cross_entropy, F.nll_loss = plain_ce, plain_nll
 
 
+def none_packed(position_ids: torch.Tensor) -> None:
+    """transformers' packed-sequence check answering "none packed"."""
+    return None
+
+
 @contextlib.contextmanager
-def unpacked_sequences() -> Iterator[None]:
-    """transformers' packed-sequence check answers "none packed" while the block runs, so
-    that a model given no attention mask leaves causality to SDPA's ``is_causal``, as it
-    does eagerly on unpacked inputs. Only where transformers' masking module is loaded;
-    restored after."""
+def packed_check_replaced(replace: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """transformers' packed-sequence check (``find_packed_sequence_indices``) is
+    ``replace(check)`` while the block runs, ``check`` being the one in place; restored
+    after. Nothing happens where transformers' masking module is not loaded."""
     masking = sys.modules.get("transformers.masking_utils")
     check = getattr(masking, "find_packed_sequence_indices", None)
     if check is None:
         yield
         return
-
-    def none_packed(position_ids: torch.Tensor) -> None:
-        return None
-
-    masking.find_packed_sequence_indices = none_packed  # type: ignore[union-attr]
+    masking.find_packed_sequence_indices = replace(check)  # type: ignore[union-attr]
     try:
         yield
     finally:
         masking.find_packed_sequence_indices = check  # type: ignore[union-attr]
+
+
+def unpacked_sequences() -> contextlib.AbstractContextManager[None]:
+    """transformers' packed-sequence check answers "none packed" while the block runs, so
+    that a model given no attention mask leaves causality to SDPA's ``is_causal``, as it
+    does eagerly on unpacked inputs. Traced inline (no graph break: a trace on meta is one
+    graph)."""
+    return packed_check_replaced(lambda check: none_packed)
 
 
 @contextlib.contextmanager

@@ -27,8 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from copy import deepcopy
 from typing import Any
 
@@ -37,7 +36,7 @@ from torch import nn
 
 from rematc import plancache
 from rematc._torch_compat import tree_leaves, tree_map
-from rematc.onmeta import flash_attention, losses_written_out
+from rematc.onmeta import flash_attention, losses_written_out, none_packed, packed_check_replaced
 from rematc.options import Options
 from rematc.partition import Need, holds_after_forward, tier
 from solvers import InfeasibleBudgetError, Plan, Problem, check
@@ -119,10 +118,6 @@ def block_index() -> int | None:
     return None if block is None else block[0]
 
 
-def _none_packed(position_ids: torch.Tensor) -> None:
-    return None
-
-
 # The check each eager wrapper runs, by wrapper. One wrapper per function: Dynamo guards on
 # the identity of the global it reads, so a new wrapper each step would recompile the
 # model around the blocks each step.
@@ -138,8 +133,7 @@ def _run_eagerly(check: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@contextlib.contextmanager
-def packed_check_eager(*, on_meta: bool = False) -> Iterator[None]:
+def packed_check_eager(*, on_meta: bool = False) -> contextlib.AbstractContextManager[None]:
     """transformers' check for packed sequences (``find_packed_sequence_indices``) runs
     eagerly, outside Dynamo's graphs, within the ``with`` statement; restored after, and
     nothing happens where transformers' masking module is not loaded.
@@ -156,17 +150,9 @@ def packed_check_eager(*, on_meta: bool = False) -> Iterator[None]:
     ``on_meta``: the check answers "none packed" (on ``meta`` tensors it cannot read the
     ids either), still outside Dynamo's graphs, so that the survey's graphs are the real
     step's for unpacked inputs."""
-    masking = sys.modules.get("transformers.masking_utils")
-    check = getattr(masking, "find_packed_sequence_indices", None)
-    if check is None:
-        yield
-        return
-    original = _RUNS.get(check, check)  # the library's own, where a step runs in another's scope
-    masking.find_packed_sequence_indices = _run_eagerly(_none_packed if on_meta else original)  # type: ignore[union-attr]
-    try:
-        yield
-    finally:
-        masking.find_packed_sequence_indices = check  # type: ignore[union-attr]
+    # the library's own check, where a step runs in another's scope
+    return packed_check_replaced(
+        lambda check: _run_eagerly(none_packed if on_meta else _RUNS.get(check, check)))
 
 
 def within_packed_check_eager(compiled: nn.Module) -> None:
