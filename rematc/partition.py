@@ -694,22 +694,20 @@ class RematPartitioner(CustomPartitionerFn):
         resorts.append(recompute_every(problem))
         # Between the two, plans that hold little more than the second and recompute less.
         resorts += holding_ladder(problem)
-        best: tuple[int, float, int, Plan] | None = None  # (need, added time, peak, plan)
-        fitting: tuple[float, int, int, Plan] | None = None  # (added time, need, peak, plan)
+        judged = []  # (need, added time, peak, plan)
         for plan in resorts:
             report = check(problem.with_budget(None), plan)
-            if best is None or (needed(report), report.added_time) < best[:2]:
-                best = (needed(report), report.added_time, report.peak, plan)
-            if needed(report) <= room and (fitting is None or (report.added_time, needed(report)) < fitting[:2]):
-                fitting = (report.added_time, needed(report), report.peak, plan)
-        if best is None:
+            judged.append((needed(report), report.added_time, report.peak, plan))
+        if not judged:
             raise InfeasibleBudgetError(room, None, proven=False)
-        if fitting is not None and self.share.needs:
+        fitting = [j for j in judged if j[0] <= room]
+        if fitting and self.share.needs:
             # The fastest of those that fit, where a survey counted the graphs after this
             # one (reserve); without one, what they keep to the step's end is not known
             # yet, and the plan that needs least leaves them the most.
-            best = (fitting[1], fitting[0], fitting[2], fitting[3])
-        least, _, peak, plan = best
+            least, _, peak, plan = min(fitting, key=lambda j: (j[1], j[0]))
+        else:
+            least, _, peak, plan = min(judged, key=lambda j: (j[0], j[1]))
         if least <= room:
             fitted = problem.with_budget(peak + room - least)
             fits = _fitting(fitted, plan, "least-peak" if plan is resorts[0] else "holding-ladder")
