@@ -19,10 +19,11 @@ any solver. Each value lives over one or two closed intervals of timeline steps:
   forward copy only).
 
 A value's backward consumers are the backward steps that read it and the anchor steps of
-the recomputed forward values that read it. Values rematerialized before the same step
-all count as live during that step, which bounds from above what the emitted code holds;
-a plan that recomputes some value more than once (a multi-level plan) is followed entry
-by entry within a step instead (:func:`value_copies`).
+the recomputed forward values that read it. The recomputations before one step are
+followed entry by entry (:func:`value_copies`): a copy made and last read by entries
+before the same step lives only between them (GPT-2's GELU, written out in four steps,
+recomputed before the backward op that reads its output), the others from their entry
+on.
 Copies named in ``Node.unstored`` (two-phase problems) hold no memory. An unstored
 recomputation's reads of its deps happen at each read it serves instead of at its own
 step; an unstored forward copy (a value neither saved nor offloaded) is computed by its
@@ -217,14 +218,13 @@ def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int
     recomputation before step k comes before the op at k, and schedule entries before the
     same step run in schedule order.
 
-    A plan that recomputes some value more than once (a multi-level plan: the blocks
-    between two kept inputs rerun to rebuild each input in turn) is followed at the
-    granularity of the schedule's entries within a step: a recomputed copy made by an
-    entry and last read by a later entry before the same step is *passing*: it lives from
-    its entry to that read, not over the whole step; and the other copies made before a
-    step count from their entry on. A plan that recomputes each value once keeps whole
-    steps, the granularity the flat CP-SAT model encodes (never below the finer figure:
-    both bound what the emitted code holds, which frees each copy after its last read).
+    Within a step, a two-phase plan is followed at the granularity of the schedule's
+    entries: a recomputed copy made by an entry and last read by a later entry before the
+    same step is *passing*: it lives from its entry to that read, not over the whole step
+    (a transient of a recomputed chain; in a multi-level plan, the blocks between two kept
+    inputs rerun to rebuild each input in turn); and the other copies made before a step
+    count from their entry on. The emitted code frees each copy after its last read. The
+    flat CP-SAT model counts whole steps, which is never below this figure.
     """
     end = problem.last_step
     moves = {t.node: t for t in plan.transfers}
@@ -265,7 +265,7 @@ def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int
             served_at.setdefault(d, set()).update(r[0] for r in served)
     out: dict[int, list[tuple[int, int]]] = {}
     passing: list[Passing] = []
-    multilevel = not problem.single_phase and any(len(c) > 1 for c in copies.values())
+    by_entry = not problem.single_phase
     for i, node in enumerate(problem.nodes):
         if node.resident or node.size == 0:
             continue
@@ -302,7 +302,7 @@ def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int
             made, last, last_read = made[:1], last[:1], last_read[:1]
         stretches = []
         for (key, start), hi, r in zip(made, last, last_read, strict=True):
-            if (multilevel and key[1] == 0 and r is not None and r[1] == 0 and r[0] == key[0]
+            if (by_entry and key[1] == 0 and r is not None and r[1] == 0 and r[0] == key[0]
                     and plan.decisions.get(i) is Decision.RECOMPUTE):
                 # ends one entry early where its last reader writes over it (hi < r[0])
                 if (upto := r[2] - (hi < r[0])) >= key[2]:
@@ -310,7 +310,7 @@ def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int
                 continue
             if (key == (i, 1, 0) and i in unstored) or start > hi:
                 continue
-            if multilevel and key[1] == 0 and start == key[0]:
+            if by_entry and key[1] == 0 and start == key[0]:
                 passing.append(Passing(i, key[0], key[2], None))
             stretches.append((start, hi))
         out[i] = stretches

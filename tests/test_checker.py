@@ -369,6 +369,30 @@ def test_deep_chain_of_recomputes() -> None:
     assert (r.peak, r.added_time, r.n_recomputed) == (13, 5.0, 2)
 
 
+def test_a_recomputed_chains_transients_pass_within_the_step() -> None:
+    """t1 and t2 are recomputed before gy only to rebuild y: each lives from its entry to
+    the next one's, not through gy's step."""
+    p = P(
+        node("x", size=1, resident=True),  # 0
+        node("a", 0, size=10),  # 1
+        node("t1", 1, size=10),  # 2
+        node("t2", 2, size=10),  # 3
+        node("y", 3, size=10),  # 4
+        node("loss", 4, size=1, keep=True),  # 5
+        node("gl", 5, size=1, backward=True),  # 6
+        node("gy", 4, 6, size=10, backward=True),  # 7
+        node("ga", 1, 7, size=10, backward=True, keep=True),  # 8
+    )
+    plan = plan_from_decisions(p, {1: S, 2: R, 3: R, 4: R})
+    assert plan.schedule == (Step(2, 7), Step(3, 7), Step(4, 7))
+    # step 7: a, loss, gl, y (from its entry on) and gy: 32; above it, the entries hold at
+    # most two copies at once (t1 and t2, then t2 and y), less y, counted: 10 more. Counted
+    # through the step, t1 and t2 would make it 52.
+    r = check(p, plan)
+    assert r.timeline == (0, 10, 20, 30, 30, 21, 12, 42, 31)
+    assert (r.peak, r.peak_step, r.n_recomputed) == (42, 7, 3)
+
+
 def test_flops_and_budget_are_reported() -> None:
     # a [0,0] + [1,1] 2 B, g [1,1] 1 B: timeline (2, 3).
     p = P(node("a", size=2, flops=10.0), node("g", 0, backward=True, keep=True), budget=3)

@@ -85,13 +85,6 @@ def test_recomputing_twice_passes_copies_within_a_step() -> None:
     assert report.timeline[5] == 30 and report.peak_step == 7
 
 
-def test_a_single_recomputation_plan_keeps_whole_steps() -> None:
-    """Without a value recomputed twice, copies made before one step count over all of it
-    (the flat CP-SAT model's granularity): the same chain as above, each value once."""
-    plan = Plan({1: R, 2: R, 3: R, 4: S}, (Step(1, 6), Step(2, 6), Step(3, 6)))
-    assert check(four(), plan).timeline[6] == 10 + 10 + 10 + 10 + 10  # f0, f1, f2, g3, g2
-
-
 @pytest.mark.parametrize(("plan", "message"), [
     (Plan({1: R, 2: R, 3: R, 4: R}, (Step(1, 5), Step(2, 5), Step(3, 5), Step(4, 5), Step(4, 5))),
      r"schedule step 3 recomputes #4 f3 .*, but nothing reads that copy before its next recomputation"),
