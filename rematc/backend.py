@@ -103,26 +103,34 @@ class Backend:
         # A regional block's calls are told apart by its index: they may run different plans.
         partitioner.mixes = self.regions and calls is not None and calls > 1
         if options.compiler == "inductor":
-            compiled = self._inductor(gm, example_inputs, partitioner)
+            try:
+                compiled: Callable[..., Any] | None = self._inductor(gm, example_inputs, partitioner)
+            except _MixOffered:  # the one plan for every block is compiled only if needed
+                compiled = None
         else:
             compiled = _eager(gm, example_inputs, partitioner)
+        if partitioner.mix is not None:
+            return self._mixed(gm, example_inputs, partitioner, compiled)
+        assert compiled is not None
+        return self._watched(compiled, partitioner)
+
+    def _watched(self, compiled: Callable[..., Any], partitioner: RematPartitioner) -> Callable[..., Any]:
+        """``compiled``, its calls watched with the figures of ``partitioner``'s plan."""
         record = partitioner.record
-        name = graph_name(record.graph if record is not None else None)
-        watched = watching(compiled, self.flight, name,
-                           lambda: _figures(partitioner.record, partitioner.options))
-        if partitioner.mix is None:
-            return watched
-        return self._mixed(gm, example_inputs, partitioner, watched)
+        return watching(compiled, self.flight, graph_name(record.graph if record is not None else None),
+                        lambda: _figures(partitioner.record, partitioner.options))
 
     def _mixed(self, gm: fx.GraphModule, example_inputs: Sequence[Any], partitioner: RematPartitioner,
-               uniform: Callable[..., Any]) -> Callable[..., Any]:
+               uniform: Callable[..., Any] | None) -> Callable[..., Any]:
         """The regional block's graph compiled once per plan of the mix its partitioning
         offered (``partitioner.mix``), and a function that runs, for each block, the plan
         its index is given: the first ``counts[0]`` blocks the first (least-holding) plan,
-        and so on. ``uniform`` (one plan for every block, compiled already) is returned
-        instead where, under Inductor, the generated code of the mix's plans peaks so far
-        above their predictions that the mix no longer fits, and runs for a call outside
-        a marked block."""
+        and so on. One plan for every block (``uniform``, which the eager route has
+        compiled already, and Inductor compiles here only then) is returned instead where,
+        under Inductor, the generated code of the mix's plans peaks so far above their
+        predictions that the mix no longer fits. A call outside a marked block runs
+        ``uniform`` where it is compiled, else the mix's first plan, each watched with its
+        own figures."""
         mix = partitioner.mix
         assert mix is not None
         planned = partitioner.record
@@ -156,19 +164,25 @@ class Backend:
             for record in records:
                 drop_record(record)
             partitioner.record = planned
-            if planned is not None:
+            if uniform is None:  # planned again, as one plan for every block, and compiled
+                if planned is not None:
+                    drop_record(planned)
+                partitioner.mixes, partitioner.mix = False, None
+                uniform = self._inductor(gm, example_inputs, partitioner)
+            elif planned is not None:
                 self.share.record(planned.graph, planned.holds * planned.calls)
-            return uniform
+            return self._watched(uniform, partitioner)
         if planned is not None:
             drop_record(planned)
             self.share.record(planned.graph, sum(c * t.holds for t, c in zip(mix.tiers, mix.counts, strict=True)))
         partitioner.record = planned  # the figures of ``uniform``, which runs outside a marked block
+        outside = compiled[0] if uniform is None else self._watched(uniform, partitioner)
         runs = [k for k, count in enumerate(mix.counts) for _ in range(count)]
 
         @functools.wraps(compiled[0])  # the calling convention Dynamo reads
         def by_block(*args: Any, **kwargs: Any) -> Any:
             index = block_index()
-            run = uniform if index is None or index >= len(runs) else compiled[runs[index]]
+            run = outside if index is None or index >= len(runs) else compiled[runs[index]]
             return run(*args, **kwargs)
 
         return by_block
@@ -264,6 +278,7 @@ class Backend:
             # (docs/memory-model.md, the model's own activation checkpointing).
             inner = keep_plan_order(inner, when=lambda: partitioner.honours_checkpointing)
         inner = recording_peaks(inner, partitioner.generated)
+        inner = stopping_at_a_mix(inner, partitioner)
         # AOTAutograd's cache would skip the partitioner: no record, and a later graph of
         # the step planned without what this one holds. Inductor's FX graph cache (the
         # generated code) and rematc's plan cache still serve. Under a budget the backward
@@ -275,6 +290,24 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
+
+
+class _MixOffered(Exception):
+    """Raised in place of compiling one plan for every block where the partitioning
+    offered a mix of plans: each of the mix's plans is compiled instead."""
+
+
+def stopping_at_a_mix(inner_compile: Callable[..., Any], partitioner: RematPartitioner) -> Callable[..., Any]:
+    """``inner_compile``, which raises :class:`_MixOffered` before compiling anything where
+    the partitioning just run offered a mix (``partitioner.mix``) and emits no fixed plan."""
+
+    @functools.wraps(inner_compile)
+    def compile_unless_mixed(*args: Any, **kwargs: Any) -> Any:
+        if partitioner.mix is not None and partitioner.fixed is None:
+            raise _MixOffered
+        return inner_compile(*args, **kwargs)
+
+    return compile_unless_mixed
 
 
 def leaf_inputs(example_inputs: Sequence[Any]) -> tuple[int, ...]:

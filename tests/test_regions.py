@@ -170,13 +170,35 @@ def test_marking_twice_changes_nothing() -> None:
 
 @pytest.mark.inductor
 @pytest.mark.slow
-def test_regional_step_under_inductor_holds_the_budget() -> None:
+@pytest.mark.parametrize("over", [False, True])
+def test_regional_step_under_inductor_holds_the_budget(over: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mix of plans for the block: each of its plans is compiled, and nothing else (the
+    one plan for every block, compiled first, was a third compile nothing ran). Where the
+    code generated for the mix's plans is ``over`` its room, one plan for every block is
+    compiled then, and runs every block."""
+    if over:
+        monkeypatch.setattr(rematc.backend, "_gap", lambda record: 10**9)
     budget = int(0.8 * _unconstrained_step())
     torch._dynamo.reset()
+    rematc.clear_records()
     reference, model = llama(), llama()
     step(reference)
+    forwards = []
+    compile_fx, inner = rematc.backend.inductor_compile_fx()
+
+    def counted(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        forwards.extend([] if kwargs.get("is_backward") else [gm])
+        return inner(gm, *args, **kwargs)
+
+    monkeypatch.setattr(rematc.backend, "inductor_compile_fx", lambda: (compile_fx, counted))
     compiled = rematc.compile(model, budget=budget, compiler="inductor", cache_dir=None, regions=True)
     step(compiled)
+    blocks = [r for r in rematc.records() if r.calls == LAYERS]
+    if over:
+        assert len(blocks) == 1 and blocks[0].solver != "mix" and len(forwards) > 1
+    else:
+        assert len(blocks) > 1 and _each_block_once(blocks), "no mix of plans"
+        assert len(forwards) == len(blocks)
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5)
     model.zero_grad(set_to_none=True)
