@@ -579,15 +579,19 @@ def finish(problem: Problem, model: Model, solver: cp_model.CpSolver, code: cp_m
     """The result of a finished (or stopped) search: the checker's verdict on its plan, or
     on the seed it was hinted with where that adds less time (or the search found none);
     status OPTIMAL where the search proved its own plan best, INFEASIBLE (no plan) where
-    it proved that none fits the budget, UNKNOWN where there is no plan."""
+    it proved that none fits the budget and the seed does not either, UNKNOWN where there
+    is no plan."""
     wall = time.perf_counter() - started
     stats = solve_stats(model, solver, code, stalled=stalled)
-    if code == cp_model.INFEASIBLE:
+    if code == cp_model.INFEASIBLE and (model.seed is None or not check(problem, model.seed).fits):
+        # A seed the checker fits is a plan although the model, counting each copy
+        # recomputed before an op through it, proves none of its own fits.
         return SolveResult(status=Status.INFEASIBLE, plan=None, report=None, objective=math.inf,
                            bound=math.inf, wall_time=wall, solver="cpsat", stats=stats)
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {model.cp.validate()}")
-    bound = objective_seconds(model.tie_break, problem, solver.best_objective_bound)
+    bound = (0.0 if code == cp_model.INFEASIBLE
+             else objective_seconds(model.tie_break, problem, solver.best_objective_bound))
     judged: list[tuple[str, Plan, Report]] = []
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         plan = extract_plan(model, solver)

@@ -196,3 +196,39 @@ def test_a_ladder_over_many_values_orders_them_without_the_checker() -> None:
         report = check(problem.with_budget(None), plan)
         assert set(plan.of(Decision.RECOMPUTE)) < below and report.added_time <= time
         below, time = set(plan.of(Decision.RECOMPUTE)), report.added_time
+
+
+def test_a_budget_only_a_rung_of_the_ladder_fits_is_planned_not_refused() -> None:
+    """transformers' GPT-2, 4 layers, its GELU written out in steps: the flat model counts
+    every copy recomputed before one op as alive through it, where the checker follows the
+    op's entries. A budget between the flat model's least peak and a rung of the holding
+    ladder's was refused, the flat model's figure stated as proven (5,398,536 B, against
+    the rung's 4,756,488 B)."""
+    import torch
+    import transformers
+
+    from rematc.trace import trace
+    from solvers import cpsat
+    from solvers.planner import least_known_rung, min_feasible_peak
+    from tests.realmodels import Wrapped
+
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=4, n_head=2, n_positions=128, vocab_size=64, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    inner = transformers.GPT2LMHeadModel(cfg)
+    inner.config._attn_implementation = "sdpa"
+    inner.loss_type = "ForCausalLM"
+    ids = torch.randint(64, (4, 128), generator=torch.Generator().manual_seed(1))
+    problem = trace(Wrapped(inner, ("input_ids",), lambda out, labels: out.loss, split=False),
+                    (ids, ids.clone()), target="eager").problem
+    config = SolverConfig(time_limit=10.0, workers=2)
+    flat = cpsat.min_peak(problem, config)
+    rung = least_known_rung(problem)
+    assert flat.report is not None and rung is not None and rung.report is not None
+    assert rung.report.peak < flat.report.peak, "the flat model reaches the rung's peak"
+    budget = (rung.report.peak + flat.report.peak) // 2
+    result = solve(problem.with_budget(budget), config)
+    assert result.plan is not None and check(problem.with_budget(budget), result.plan).fits
+    least = min_feasible_peak(problem, config)
+    assert least.report is not None and least.report.peak <= rung.report.peak
+    assert least.status is not Status.OPTIMAL
