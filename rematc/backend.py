@@ -175,7 +175,7 @@ class Backend:
         if planned is not None:
             drop_record(planned)
             self.share.record(planned.graph, sum(c * t.holds for t, c in zip(mix.tiers, mix.counts, strict=True)))
-        partitioner.record = planned  # the figures of ``uniform``, which runs outside a marked block
+        partitioner.record = planned  # the figures ``uniform``'s watch reads
         outside = compiled[0] if uniform is None else self._watched(uniform, partitioner)
         runs = [k for k, count in enumerate(mix.counts) for _ in range(count)]
 

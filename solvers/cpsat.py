@@ -104,7 +104,9 @@ with the graph. Ends are free to be later than the canonical schedule (that only
 the value's own interval), so every solution maps to a canonical plan whose checker peak
 is no higher than the model's. The model counts a copy recomputed before step k through
 step k; the checker frees one that only the next recomputations read as soon as they have
-run, so its peak may be lower, and a proven optimum is proven at the model's granularity. Positions are pinned to the canonical anchor: an earlier
+run, so its peak may be lower: a proof is at the model's granularity, and the planner
+checks a proven least peak or infeasible budget against the holding ladder's plans
+(:func:`solvers.planner.ladder`). Positions are pinned to the canonical anchor: an earlier
 recompute of w would end what w reads earlier (:math:`L_u \ge P_w`), a schedule that the
 canonical plan does not run, and the model would undercount its peak.
 
