@@ -265,6 +265,13 @@ def holding_ladder(problem: Problem, rungs: int = 16) -> list[Plan]:
     return [ladder[round(k * (len(ladder) - 1) / (rungs - 1))] for k in range(rungs)]
 
 
+def ladder_rungs(problem: Problem) -> list[SolveResult]:
+    """The plans of :func:`holding_ladder`, each judged by the checker against
+    ``problem``'s budget, as the baselines above are (no plan where it does not fit)."""
+    t0 = time.perf_counter()
+    return [_judged(problem, plan, "holding-ladder", t0) for plan in holding_ladder(problem)]
+
+
 def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:
     """:func:`plan_with`'s decisions: ``recomputed`` less what nothing reads, recomputed;
     everything else the backward or they read, saved."""

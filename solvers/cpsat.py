@@ -106,7 +106,7 @@ is no higher than the model's. The model counts a copy recomputed before step k 
 step k; the checker frees one that only the next recomputations read as soon as they have
 run, so its peak may be lower: a proof is at the model's granularity, and the planner
 checks a proven least peak or infeasible budget against the holding ladder's plans
-(:func:`solvers.planner.ladder`). Positions are pinned to the canonical anchor: an earlier
+(:func:`solvers.baselines.ladder_rungs`). Positions are pinned to the canonical anchor: an earlier
 recompute of w would end what w reads earlier (:math:`L_u \ge P_w`), a schedule that the
 canonical plan does not run, and the model would undercount its peak.
 

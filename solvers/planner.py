@@ -24,7 +24,7 @@ from dataclasses import replace
 from ortools.sat.python import cp_model
 
 from solvers import bound, chain, cpsat, multilevel
-from solvers.baselines import checkpoint_every, greedy, holding_ladder, selective
+from solvers.baselines import checkpoint_every, greedy, ladder_rungs, selective
 from solvers.checker import check
 from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
@@ -335,38 +335,24 @@ def recompute_only(problem: Problem, config: SolverConfig, deadline: Deadline
 def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """The checkpointing baselines, each judged by the checker: every k-th segment kept for
     k in ``KNOWN_EVERY`` (k = 1 is checkpointing every block), selective checkpointing and
-    the rungs of the holding ladder (:func:`ladder`)."""
+    the rungs of the holding ladder (:func:`solvers.baselines.ladder_rungs`). The flat model
+    counts a copy recomputed before one op as alive through it, where the checker follows
+    the op's entries, so it may prove no plan fits a budget a rung fits (a transformers
+    GPT-2 whose GELU is written out in steps)."""
     return [*(checkpoint_every(problem, config, k=k) for k in KNOWN_EVERY), selective(problem, config),
-            *ladder(problem)]
-
-
-def ladder(problem: Problem) -> list[SolveResult]:
-    """The rungs of :func:`solvers.baselines.holding_ladder` that fit ``problem``'s budget,
-    judged by the checker (status FEASIBLE). The flat model counts a copy recomputed before
-    one op as alive through it, where the checker follows the op's entries, so it may prove
-    no plan fits a budget one of these fits (a transformers GPT-2 whose GELU is written
-    out in steps)."""
-    out = []
-    for plan in holding_ladder(problem):
-        report = check(problem, plan)
-        if report.fits:
-            out.append(SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
-                                   bound=0.0, wall_time=0.0, solver="holding-ladder"))
-    return out
+            *ladder_rungs(problem)]
 
 
 def least_known_rung(problem: Problem) -> SolveResult | None:
-    """The rung of :func:`solvers.baselines.holding_ladder` that peaks least, judged by the
-    checker against ``problem``'s budget (status FEASIBLE: not proven least); None without
-    a value to recompute."""
-    unbudgeted = problem.with_budget(None)
-    rungs = holding_ladder(unbudgeted)
+    """The rung of the holding ladder (:func:`solvers.baselines.ladder_rungs`) that peaks
+    least, its report against ``problem``'s budget (status FEASIBLE: not proven least);
+    None without a value to recompute."""
+    rungs = ladder_rungs(problem.with_budget(None))
     if not rungs:
         return None
-    plan = min(rungs, key=lambda q: check(unbudgeted, q).peak)
-    report = check(problem, plan)
-    return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
-                       bound=0.0, wall_time=0.0, solver="holding-ladder")
+    least = min(rungs, key=lambda r: r.report.peak)  # type: ignore[union-attr]
+    assert least.report is not None
+    return replace(least, report=replace(least.report, budget=problem.budget))
 
 
 def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
