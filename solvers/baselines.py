@@ -189,9 +189,9 @@ def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: i
     return best[units][1]
 
 
-def _judged(problem: Problem, plan: Plan, name: str, t0: float) -> SolveResult:
-    """A baseline's plan and the checker's verdict on it."""
-    report = check(problem, plan)
+def _judged(problem: Problem, plan: Plan, name: str, t0: float, report: Report | None = None) -> SolveResult:
+    """A baseline's plan and the checker's verdict on it (``report``, where given)."""
+    report = report if report is not None else check(problem, plan)
     return SolveResult(
         status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
         plan=plan if report.fits else None,
@@ -265,11 +265,26 @@ def holding_ladder(problem: Problem, rungs: int = 16) -> list[Plan]:
     return [ladder[round(k * (len(ladder) - 1) / (rungs - 1))] for k in range(rungs)]
 
 
+# The last ladder judged, by the nodes of its problem (the same object for the problem at
+# every budget) and its host link: a solve judges it more than once (its known plans, then
+# the least-peak plans that explain an infeasible budget), a second each time on a
+# 70B-shaped step.
+_LAST_LADDER: tuple[tuple[object, float], list[tuple[Plan, Report]]] | None = None
+
+
 def ladder_rungs(problem: Problem) -> list[SolveResult]:
     """The plans of :func:`holding_ladder`, each judged by the checker against
-    ``problem``'s budget, as the baselines above are (no plan where it does not fit)."""
+    ``problem``'s budget, as the baselines above are (no plan where it does not fit). The
+    last problem's ladder and verdicts are kept: asked again at another budget, only the
+    budget changes."""
+    global _LAST_LADDER
     t0 = time.perf_counter()
-    return [_judged(problem, plan, "holding-ladder", t0) for plan in holding_ladder(problem)]
+    key = (problem.nodes, problem.host_bandwidth)
+    if _LAST_LADDER is None or _LAST_LADDER[0][0] is not key[0] or _LAST_LADDER[0][1] != key[1]:
+        free = problem.with_budget(None)
+        _LAST_LADDER = (key, [(plan, check(free, plan)) for plan in holding_ladder(problem)])
+    return [_judged(problem, plan, "holding-ladder", t0, replace(report, budget=problem.budget))
+            for plan, report in _LAST_LADDER[1]]
 
 
 def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:

@@ -40,7 +40,7 @@ and ``S[s]`` the bytes the spans before segment ``s`` keep,
                             Q[s] >= sum_{I ends at s} H[I],  Q[s] >= 0,  Q[last] = 0
                 S[s] + Q[s-1] + sum_{I contains s} sum_o F[I,o,s] x[I,o]  <=  budget
                 S[s] +          sum_{I contains s} sum_o B[I,o,s] x[I,o]  <=  budget
-                sum_o min(0, h[I,o] - h[I,ref]) x[I,o]  <=  H[I]  <=  sum_o (h[I,o] - h[I,ref]) x[I,o]
+                sum_o min(0, h[I,o] - h[I,ref], -g[I,o]) x[I,o]  <=  H[I]  <=  sum_o (h[I,o] - h[I,ref]) x[I,o]
                 sum_{I starts at s or later} H[I]  <=  later[s]              for every s
 
 where ``F[I,o,s]`` and ``B[I,o,s]`` are the largest ``T_R(t) + D[I,o](t)`` over the
@@ -51,13 +51,19 @@ reference's do (``T_R`` counts those offloaded): at most ``h[I,o] - h[I,ref]``, 
 ``h`` an option's saved bytes that may be offloaded, which is negative where the option
 saves less of it than its reference (a span that recomputes a block input between its
 segments does not copy it out either): then ``H[I]`` is exactly that, and the sums of the
-last rows may be below 0 (the spans from ``s`` on send less than R's). An option that
+last rows may be below 0 (the spans from ``s`` on send less than R's). It is at least
+``-g[I,o]``, the bytes of the boundaries inside the span that R offloads and the option
+no longer saves (``Chain.given_back``): an option may give back one such copy and save a
+larger value to offload, and ``H[I] = 0`` would then count the first off the device,
+where ``T_R`` counts it, while nothing sends it. An option that
 recomputes a boundary inside its span reads what it recomputes it from early in the
 backward, for the later segment's window, so R's copy of a value from before the span may
 no longer hide: those bytes (``Chain.lost``) count on the device at the later segments'
 steps, and come off ``h`` with the boundaries it saves inside the span. At those steps
 ``T_R`` has a boundary R offloads off the device and the span's cut has it on, so what its
-reference saves to offload and the option does not counts there too (``Chain.later_in``).
+reference saves to offload and the option does not (at least ``g[I,o]``) counts there too
+(``Chain.later_in``). Every composed plan tries R's offloads first, so that what the
+options save does not take their place on the link.
 
 The copy engine out. ``Q[s]`` is what waits for the engine out after segment ``s``'s
 forward: still on the device, so counted at the next segment's forward steps (it is
@@ -443,6 +449,8 @@ class Chain:
     # on the device at the later segments' steps and after the span (:func:`lost`). Empty
     # without a host link.
     lost: tuple[tuple[int, ...], ...] = ()
+    # The values R's plan offloads: every composed plan tries them first (:func:`compose`).
+    hosted_values: frozenset[int] = frozenset()
 
     @functools.cached_property
     def step_owners(self) -> tuple[int | None, ...]:
@@ -490,11 +498,12 @@ class Chain:
         after the first: what of R's copies it reads early (:attr:`lost`) and, where the
         problem has a host link, what its reference saves to offload and it does not
         (``T_R`` counts a boundary inside the span R offloads off the device there, and
-        its cut's reference on it, so their difference would take it off twice)."""
+        its cut's reference on it, so their difference would take it off twice; at least
+        :meth:`given_back`)."""
         if self.problem.host_bandwidth <= 0:
             return (0,) * len(self.options[i])
         ref = self.options[i][0].hostable
-        return tuple(e + max(0, ref - o.hostable) + self.inner_saved(i, k)
+        return tuple(e + max(0, ref - o.hostable, self.given_back(i, k)) + self.inner_saved(i, k)
                      for k, (e, o) in enumerate(zip(self.early(i), self.options[i], strict=True)))
 
     def inner_saved(self, i: int, k: int) -> int:
@@ -524,6 +533,29 @@ class Chain:
         option = self.options[i][k]
         return option.hostable - self.options[i][0].hostable - self.early(i)[k] - self.inner_saved(i, k)
 
+    def least_hosted(self, i: int, k: int) -> int:
+        """The least ``H[I]`` of option ``k`` of span ``i``: where it sends nothing beyond R's
+        copies, what of those it no longer sends, the boundaries inside the span R offloads
+        and it recomputes (:meth:`given_back`), or :meth:`more` where that is less. An option
+        may recompute one boundary R offloads and save a larger value to offload: ``more``
+        is then above 0, and still the copy of the first is no longer on the link, nor its
+        bytes off the device at the steps ``T_R`` counts them off."""
+        return min(0, self.more(i, k), -self.given_back(i, k))
+
+    def given_back(self, i: int, k: int) -> int:
+        """The bytes of the boundaries inside span ``i`` that R's plan offloads and its
+        reference saves, and that option ``k`` does not save."""
+        return self._given_back[i][k]
+
+    @functools.cached_property
+    def _given_back(self) -> tuple[tuple[int, ...], ...]:
+        def back(option: Option, ref: Option, c: Cut) -> int:
+            return sum(c.problem.nodes[b].size for b in c.boundaries
+                       if c.steps[b] in self.hosted_values and ref.decisions.get(b) is Decision.SAVE
+                       and option.decisions.get(b) is not Decision.SAVE)
+
+        return tuple(tuple(back(o, opts[0], c) for o in opts) for opts, c in zip(self.options, self.cuts, strict=True))
+
     @functools.cached_property
     def rooms(self) -> tuple[int, ...]:
         """:func:`link_rooms`, computed once per chain (every chain solve reads them)."""
@@ -532,14 +564,13 @@ class Chain:
     def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
         """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
         return compose(self.problem, [self.cuts[i] for i, _ in choice],
-                       [self.options[i][k] for i, k in choice])
+                       [self.options[i][k] for i, k in choice], first=self.hosted_values)
 
     def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
         """The chain model's live bytes at each step for ``(span, option)`` pairs where no
         span offloads more than its reference: ``T_R``, plus each chosen span's change at
         the steps its segments own (where its cut has them, and :meth:`later_in` at those
-        of its later segments), plus its kept bytes, less ``H`` at its least (what of its
-        reference's offloaded values it does not save), at the steps owned by later
+        of its later segments), plus its kept bytes, less ``H`` at its least (:meth:`least_hosted`), at the steps owned by later
         segments or by none (and beyond them, what its cut holds there). Never below the
         checker's timeline where the changes add up (the tests check it, with a host link
         on random covers)."""
@@ -550,7 +581,7 @@ class Chain:
         for i, k in choice:
             first, last = self.spans[i]
             option, ref = self.options[i][k], self.options[i][0]
-            kept = option.saved - ref.saved - (min(0, self.more(i, k)) if linked else 0)
+            kept = option.saved - ref.saved - (self.least_hosted(i, k) if linked else 0)
             early = self.later_in(i)[k]
             at = {g: j for j, g in enumerate(self.cuts[i].steps) if g >= 0}
             for t, s in enumerate(own):
@@ -573,20 +604,25 @@ class Chain:
         return [by[s] for s in range(len(self.segments))]
 
 
-def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option]) -> Plan:
+def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *,
+            first: Collection[int] = ()) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
     the backward reads (boundaries between spans, values several segments read) is saved,
     or, where the problem has a host link, offloaded where its copies hide
-    (:func:`solvers.hostcopy.offload_hidden`)."""
+    (:func:`solvers.hostcopy.offload_hidden`), the values in ``first`` (R's offloads,
+    which ``T_R`` counts off the device) tried before the others."""
     plan = plan_with(problem, {g for c, o in zip(cuts, chosen, strict=True) for g, j in c.interior.items()
                                if o.decisions.get(j) is Decision.RECOMPUTE})
     if problem.host_bandwidth <= 0:
         return plan
-    # Boundaries (what T_R counts offloaded) first, then what the options save; each the
-    # latest first: the copies of the last segments have the least compute left to hide
-    # under, and the chain model counts on the room it gave them (``link_rooms``).
+    # What R offloads (T_R counts it off the device, and the chain model counts an option
+    # on that), then the other boundaries, then what the options save; each the latest
+    # first: the copies of the last segments have the least compute left to hide under,
+    # and the chain model counts on the room it gave them (``link_rooms``). A boundary
+    # inside a span is interior to its cut, and without R's offloads first, a larger value
+    # an option saves after it could take its place on the link.
     interior = {g for c in cuts for g in c.interior}
-    order = sorted(plan.of(Decision.SAVE), key=lambda v: (v in interior, -v))
+    order = sorted(plan.of(Decision.SAVE), key=lambda v: (v not in first, v in interior, -v))
     return offload_hidden(problem, plan, order=order)[0]
 
 
@@ -649,7 +685,7 @@ def build_chain(problem: Problem, config: SolverConfig = SolverConfig(), *, plan
     return Chain(problem, tuple(segments), tuple(spans), tuple(cuts), opts, reference,
                  distinct=len(by_shape), hosted=tuple(offloaded_by_segment(problem, segments, r_plan)),
                  drains=tuple(drains(problem, segments, r_plan)), judge_s=judge_s,
-                 lost=lost(problem, cuts, opts, r_plan))
+                 lost=lost(problem, cuts, opts, r_plan), hosted_values=frozenset(r_plan.of(Decision.OFFLOAD)))
 
 
 def lost(problem: Problem, cuts: Sequence[Cut], options: Sequence[Sequence[Option]], reference: Plan
@@ -782,12 +818,13 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
             more = [min(chain.more(i, k), caps.get((i, k), top * unit)) // unit
                     for k in range(len(chain.options[i]))]
             most = sum(h * v for h, v in zip(more, x[i], strict=True))
-            if linked and any(more):
+            # and no less than what of R's copies it no longer sends: no span gives back
+            # bytes R never sent, which would free the link for the others
+            least = [min(h, chain.least_hosted(i, k) // unit) for k, h in enumerate(more)] if linked else []
+            if linked and (any(more) or any(least)):
                 hosted = m.new_int_var(-top, top, f"H{i}")
                 m.add(hosted <= most)
-                # and no less than what of its reference's it does not save: no span gives back
-                # bytes R never sent, which would free the link for the others
-                m.add(hosted >= sum(min(0, h) * v for h, v in zip(more, x[i], strict=True)))
+                m.add(hosted >= sum(lo * v for lo, v in zip(least, x[i], strict=True)))
                 change.append(-hosted)
                 issued.append(hosted)
                 hosted_from[chain.spans[i][0]].append(hosted)

@@ -325,6 +325,32 @@ def test_the_prediction_is_never_below_the_checker_with_a_host_link(small_linked
         assert max(built.predict(cover)) >= verdicts[plan.key], cover
 
 
+def test_the_prediction_is_never_below_the_checker_where_an_option_trades_copies() -> None:
+    """On the 4-layer test GPT at 400 MB/s, with spans of up to four segments, the chain
+    model's prediction is never below the checker's peak of the composed plan, over 400
+    random covers.
+
+    Before, 37 of these were below it, by up to 1.7%. An option recomputed a boundary
+    inside its span that R offloads and saved a larger value: its offloadable bytes grew,
+    so ``H`` could be 0 and the model counted the boundary off the device, where ``T_R``
+    has it, while nothing sent it (``Chain.given_back``, at the steps after the span and
+    at its later segments'). And the composed plan offloaded the options' saved values, the
+    latest first, before R's boundaries that had become interior to a span, so a value
+    the model counted on the device took the link from one it counted off."""
+    built = chain.build_chain(linked(tiny_gpt(4), 4e8), EVERY_SPAN, planner=planner.PLANNER)
+    assert built is not None and built.reference.offloaded_bytes > 0
+    assert max(last - first for first, last in built.spans) == chain.SPAN - 1
+    traded = 0
+    verdicts: dict[tuple[object, ...], int] = {}
+    for cover in random_covers(built, 400, seed=1):
+        traded += any(built.given_back(i, k) and built.more(i, k) > 0 for i, k in cover)
+        plan = built.plan(cover)
+        if plan.key not in verdicts:
+            verdicts[plan.key] = check(built.problem, plan).peak
+        assert max(built.predict(cover)) >= verdicts[plan.key], cover
+    assert traded > 100  # covers with an option that gives back a copy and offloads more
+
+
 def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_link_carries(
         small_linked_chain: chain.Chain) -> None:
     """With each random cover fixed, the chain model has a solution, at most the cover's
@@ -349,7 +375,7 @@ def test_every_cover_is_in_the_linked_chain_model_and_gains_at_most_what_the_lin
         solved = chain.solve_chain(built, None, config, minimize_peak=True, fixed=cover)
         assert solved is not None, f"the cover {cover} is out of the chain model"
         predicted = max(built.predict(cover))
-        given_back = sum(max(0, -built.more(i, k)) for i, k in cover)
+        given_back = -sum(built.least_hosted(i, k) for i, k in cover)
         assert solved[1] <= predicted
         assert predicted - solved[1] <= link + given_back, cover
 
