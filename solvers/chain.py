@@ -820,11 +820,11 @@ def solve_chain(chain: Chain, budget: int | None, config: SolverConfig, *, minim
             most = sum(h * v for h, v in zip(more, x[i], strict=True))
             # and no less than what of R's copies it no longer sends: no span gives back
             # bytes R never sent, which would free the link for the others
-            least = [min(h, chain.least_hosted(i, k) // unit) for k, h in enumerate(more)] if linked else []
-            if linked and (any(more) or any(least)):
+            fewest = [min(h, chain.least_hosted(i, k) // unit) for k, h in enumerate(more)] if linked else []
+            if linked and (any(more) or any(fewest)):
                 hosted = m.new_int_var(-top, top, f"H{i}")
                 m.add(hosted <= most)
-                m.add(hosted >= sum(lo * v for lo, v in zip(least, x[i], strict=True)))
+                m.add(hosted >= sum(lo * v for lo, v in zip(fewest, x[i], strict=True)))
                 change.append(-hosted)
                 issued.append(hosted)
                 hosted_from[chain.spans[i][0]].append(hosted)
