@@ -227,15 +227,32 @@ def recompute_again(bw: fx.GraphModule, captured: Captured, plan: Plan
     first_entry = {v: (plan.schedule[ks[0]].before, ks[0]) for v, ks in entries.items()}
     forward = {n.name for n in captured.forward}
     made_nodes = {c for m in copies.values() for c in m.values()}
-    step = captured.problem.n_forward  # of the latest backward op seen (nodes without a value: no step)
+    n_forward = captured.problem.n_forward
+
+    def read_at(n: fx.Node) -> int | None:
+        """The step of the first backward op that reads ``n``, through views of a forward
+        value taken in the backward (a weight gradient's transpose of a saved input)."""
+        steps = []
+        for u in n.users:
+            w = value_of.get(u.name)
+            if w is None or u.name in forward:
+                continue
+            steps.append(w if w >= n_forward else read_at(u))
+        return min((t for t in steps if t is not None), default=None)
+
+    step = n_forward  # of the latest backward op seen (nodes without a value: no step)
     for n in list(bw.graph.nodes):
         if n in made_nodes:
             continue
         v = value_of.get(n.name)
         own = v if n.name in forward else None  # a first recomputation of value v
+        at = step
         if v is not None and own is None:
-            step = v
-        key = first_entry[own] if own in first_entry else (step, len(plan.schedule))
+            if v >= n_forward:
+                step = at = v
+            else:  # a view of a forward value taken in the backward reads where its readers do
+                at = read_at(n) or step
+        key = first_entry[own] if own in first_entry else (at, len(plan.schedule))
         for a in n.all_input_nodes:
             d = member_of.get(a)
             if d is None or d == own:

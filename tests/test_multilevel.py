@@ -225,7 +225,13 @@ def grouped_planner(rng: random.Random, made: list[Plan]):  # type: ignore[no-un
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_grouped_plans_give_eagers_gradients(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_random_grouped_plans_give_eagers_gradients_at_their_predicted_peak(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the eager route, a random grouped plan gives eager's gradients, and the step
+    measures no more than the plan predicts. A linear layer's weight gradient reads its
+    input through a transpose taken in the backward: that view once read the first
+    recomputation of an input recomputed twice, which then lived to the weight gradient,
+    uncounted (seeds 1 and 2 measured 4.3% above the plan at d_model 64)."""
     config = GPTConfig(n_layer=3, d_model=32, n_head=4, seq_len=32, vocab=64)
     model, inputs = make_gpt(config, batch=2, seed=0)
     reference = run_step(model, model, inputs)
@@ -237,8 +243,11 @@ def test_random_grouped_plans_give_eagers_gradients(seed: int, monkeypatch: pyte
     result = run_step(model, compiled, inputs)
     assert made, "the partitioner did not run"
     assert made[0].multilevel, "the plan recomputes nothing twice"
-    assert rematc.records()[-1].again, "the backward runs no recomputation twice"
+    record = rematc.records()[-1]
+    assert record.again, "the backward runs no recomputation twice"
     assert_same_step(reference, result, rtol=1e-5, atol=1e-6)
+    peak = measured_step_peak(compiled, model, inputs)
+    assert peak <= record.predicted_peak * 1.01, (peak, record.predicted_peak)
 
 
 @pytest.mark.inductor
