@@ -570,8 +570,9 @@ class Chain:
         """The chain model's live bytes at each step for ``(span, option)`` pairs where no
         span offloads more than its reference: ``T_R``, plus each chosen span's change at
         the steps its segments own (where its cut has them, and :meth:`later_in` at those
-        of its later segments), plus its kept bytes, less ``H`` at its least (:meth:`least_hosted`), at the steps owned by later
-        segments or by none (and beyond them, what its cut holds there). Never below the
+        of its later segments), plus its kept bytes, less ``H`` at its least
+        (:meth:`least_hosted`), at the steps owned by later segments or by none (and
+        beyond them, what its cut holds there). Never below the
         checker's timeline where the changes add up (the tests check it, with a host link
         on random covers)."""
         own = self.step_owners
