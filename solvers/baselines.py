@@ -280,11 +280,12 @@ def ladder_rungs(problem: Problem) -> list[SolveResult]:
     global _LAST_LADDER
     t0 = time.perf_counter()
     key = (problem.nodes, problem.host_bandwidth)
-    if _LAST_LADDER is None or _LAST_LADDER[0][0] is not key[0] or _LAST_LADDER[0][1] != key[1]:
+    last = _LAST_LADDER  # read once: another thread may replace it meanwhile
+    if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
         free = problem.with_budget(None)
-        _LAST_LADDER = (key, [(plan, check(free, plan)) for plan in holding_ladder(problem)])
+        last = _LAST_LADDER = (key, [(plan, check(free, plan)) for plan in holding_ladder(problem)])
     return [_judged(problem, plan, "holding-ladder", t0, replace(report, budget=problem.budget))
-            for plan, report in _LAST_LADDER[1]]
+            for plan, report in last[1]]
 
 
 def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:
