@@ -53,9 +53,11 @@ KNOWN_EVERY = (1, 2, 3, 4)  # checkpointing every k-th segment, for k in these
 RECOMPUTE_FIRST_SHARE = 0.5
 CHAIN_SHARE = 0.3  # of it, at most, for the chain model's plan (solvers.chain) that may seed it instead
 # Candidates from which a problem's chain model runs: below, the flat model finds the
-# optimum or near it within seconds (the 6-layer GPT-2's 200), above it stalls on its start
-# (Llama-2-7B's 32 layers: 1421 decisions, never better than the greedy's plan in 60 s).
-CHAIN_MIN_CANDIDATES = 300
+# optimum or near it within seconds, above it stalls on its start (Llama-2-7B's 32 layers:
+# 1421 decisions, never better than the greedy's plan in 60 s). At 300, the 12-layer GPT-2
+# traced with flash attention (248 decisions) went without the chain model's plan, 26%
+# cheaper at a 10 s limit (docs/constants.md).
+CHAIN_MIN_CANDIDATES = 200
 STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers (:func:`state`)
 
 # The least-peak plan behind each unproven smallest budget an error stated, by unbudgeted

@@ -34,7 +34,22 @@ def test_the_report_reads_the_median_of_the_own_runs_against_each_neighbour() ->
     results = {constants.BASE: [rows(1.00, 2.0), rows(1.10, 2.0), rows(1.20, 2.0)],
                "chain.SPAN=low": [rows(1.00, 1.98)], "chain.SPAN=high": [rows(1.2, 2.5)]}
     args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7},
-                              at=list(constants.AT))
+                              at=list(constants.AT), deterministic=False)
     text = "\n".join(constants.report(results, args))
     assert "| f | 1x | 7 | 1,000.0 / 1,100.0 / 1,200.0 | 20.0% |" in text
     assert "| `chain.SPAN` | 3 / 4 / 5 | 1.100 | f 1x (+10.0%) |" in text
+
+
+def test_a_budget_no_value_plans_is_no_case_against_the_constant() -> None:
+    """Below a family's least no value has a plan: that case agrees, while a neighbour
+    with a plan where the own value has none is the worst case there is."""
+    none = [{"family": "f", "at": at, "added": None} for at in constants.AT]
+    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=5.0, decisions={"f": 7},
+                              at=list(constants.AT), deterministic=True)
+    text = "\n".join(constants.report({constants.BASE: [none] * 3, "chain.SPAN=low": [none],
+                                        "chain.SPAN=high": [none]}, args))
+    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.000 | none |" in text
+    assert text.startswith("A limit of 5 s of work (deterministic)")
+    text = "\n".join(constants.report({constants.BASE: [none] * 3, "chain.SPAN=low": [rows(1.0, 2.0)],
+                                        "chain.SPAN=high": [none]}, args))
+    assert "| `chain.SPAN` | 3 / 4 / 5 | inf |" in text

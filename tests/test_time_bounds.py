@@ -96,16 +96,22 @@ def outcome(run: Callable[[], SolveResult]) -> SolveResult | InfeasibleBudgetErr
         return e
 
 
-PATHS: dict[str, Callable[[SolverConfig], SolveResult]] = {
-    "chain route": lambda c: planner.solve(large().with_budget(every_peak(large())), c),
-    "chain route, budget below every plan": lambda c: planner.solve(large().with_budget(below_every_plan(large())), c),
-    "chain route, least peak": lambda c: planner.min_feasible_peak(large(), c),
-    "chain model alone": lambda c: chain.solve(large().with_budget(every_peak(large())), c, planner=planner.PLANNER),
-    "multi-level alone": lambda c: multilevel.solve(long().with_budget(every_peak(long()) // 2), c),
-    "multi-level least peak": lambda c: multilevel.min_peak(long(), c),
-    "flat search": lambda c: planner.solve(flat().with_budget(every_peak(flat()) * 3 // 4), c),
-    "flat search, budget below every plan": lambda c: planner.solve(flat().with_budget(below_every_plan(flat())), c),
-    "flat search, least peak": lambda c: planner.min_feasible_peak(flat(), c),
+# Each path: what it solves, built (and its budget found) before the clock starts, and
+# the solve that is timed.
+PATHS: dict[str, Callable[[], Callable[[SolverConfig], SolveResult]]] = {
+    "chain route": lambda: (lambda p: lambda c: planner.solve(p, c))(large().with_budget(every_peak(large()))),
+    "chain route, budget below every plan":
+        lambda: (lambda p: lambda c: planner.solve(p, c))(large().with_budget(below_every_plan(large()))),
+    "chain route, least peak": lambda: (lambda p: lambda c: planner.min_feasible_peak(p, c))(large()),
+    "chain model alone": lambda: (lambda p: lambda c: chain.solve(p, c, planner=planner.PLANNER))(
+        large().with_budget(every_peak(large()))),
+    "multi-level alone": lambda: (lambda p: lambda c: multilevel.solve(p, c))(
+        long().with_budget(every_peak(long()) // 2)),
+    "multi-level least peak": lambda: (lambda p: lambda c: multilevel.min_peak(p, c))(long()),
+    "flat search": lambda: (lambda p: lambda c: planner.solve(p, c))(flat().with_budget(every_peak(flat()) * 3 // 4)),
+    "flat search, budget below every plan":
+        lambda: (lambda p: lambda c: planner.solve(p, c))(flat().with_budget(below_every_plan(flat()))),
+    "flat search, least peak": lambda: (lambda p: lambda c: planner.min_feasible_peak(p, c))(flat()),
 }
 
 
@@ -114,8 +120,9 @@ def test_every_path_ends_within_its_time_limit(path: str) -> None:
     """Before one deadline was handed down, at this limit: the chain route 4.7 s, its
     infeasible budget 7.0 s and its least peak 5.8 s, the flat search's infeasible budget
     6.0 s and the multi-level least peak 10.7 s (a 2-core machine at a load of 2-5)."""
+    run = PATHS[path]()  # the problem built and its budget found before the clock starts
     with ends_in_time():
-        found = outcome(lambda: PATHS[path](SolverConfig(time_limit=LIMIT)))
+        found = outcome(lambda: run(SolverConfig(time_limit=LIMIT)))
     if "below every plan" in path:
         assert isinstance(found, InfeasibleBudgetError) and found.min_feasible is not None
 
@@ -146,8 +153,9 @@ def test_a_deterministic_solve_ends_at_the_wall_clocks_backstop_and_says_so(
     this limit."""
     monkeypatch.setattr(solvers.deadline, "WALL_BACKSTOP", BACKSTOP)  # the suite's tests set it out of reach
     config = SolverConfig(time_limit=LIMIT, deterministic=True)
+    run = PATHS[path]()
     with caplog.at_level(logging.WARNING, logger="solvers.planner"), ends_in_time(LIMIT * 1.25):
-        found = outcome(lambda: PATHS[path](config))
+        found = outcome(lambda: run(config))
     if "below every plan" in path:
         assert isinstance(found, InfeasibleBudgetError) and found.min_feasible is not None
     # Its work would take 40-60 s here: the backstop ends it, once, and says so once.
