@@ -10,6 +10,14 @@ budgets are set from HF gradient checkpointing's measured peak under the default
     python -m bench.regions --layers 32 --rounds 2 --out bench/results/regions
     python -m bench.regions --model gpt2 --layers 32 --rounds 2 --out bench/results/regions
 
+``--side-by-side`` compares steps in one process instead: HF gradient checkpointing under
+the default whole-model ``torch.compile`` and rematc ``regions=True`` at its measured peak
+(given as ``--budget``, or measured first), both built from the same weights, their steps
+alternated, each pair's ratio taken (a slow moment of the machine slows both of a pair);
+prints the medians and the median ratio:
+
+    python -m bench.regions --model gpt2 --layers 32 --side-by-side --pairs 15
+
 Configurations: ``compile`` (default ``torch.compile``, whole model), ``compile_regional``
 (each decoder layer ``.compile()``d, PyTorch's regional recipe), ``hf_ckpt`` (HF
 ``gradient_checkpointing_enable()``, whole-model compile), and rematc at a share of
@@ -111,6 +119,47 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
             "cached": all(r.cached or r.solver == "save_all" for r in records) if records else None}
 
 
+def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15) -> dict[str, Any]:
+    """HF checkpointing (whole-model compile) and rematc ``regions=True`` at ``budget`` in
+    this process, their steps alternated (``pairs`` of each after a first step and two
+    warm-up steps): the step medians, the median of the pairs' ratios (rematc over HF's),
+    and the losses of their first steps."""
+    import torch
+
+    import rematc
+
+    hf, ids = build(layers, kind)
+    ours, _ = build(layers, kind)
+    ours.load_state_dict(hf.state_dict())
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # rematc's first: its survey and budget share read the step's graphs in the order Dynamo
+    # numbers them
+    steps = {"rematc_regions": (ours, rematc.compile(ours, budget=budget, cache_dir="off", regions=True)),
+             "hf_ckpt": (hf, torch.compile(hf))}
+
+    def step(name: str) -> tuple[float, float]:
+        model, compiled = steps[name]
+        model.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return time.perf_counter() - t, float(loss.item())
+
+    losses = {name: step(name)[1] for name in steps}
+    for _ in range(2):
+        for name in steps:
+            step(name)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for k in range(pairs):
+        for name in (list(steps) if k % 2 == 0 else list(steps)[::-1]):
+            times[name].append(step(name)[0])
+    ratios = [a / b for a, b in zip(times["rematc_regions"], times["hf_ckpt"], strict=True)]
+    assert rematc.records(), "rematc planned no graph"
+    return {"budget": budget, "losses": losses, "pairs": pairs,
+            "step": {name: statistics.median(t) for name, t in times.items()},
+            "ratio": statistics.median(ratios), "ratios": sorted(ratios)}
+
+
 def run(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama") -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     args = [sys.executable, "-m", "bench.regions", "--worker", config, "--layers", str(layers),
@@ -135,7 +184,19 @@ def main() -> None:
     parser.add_argument("--worker")
     parser.add_argument("--budget", type=int)
     parser.add_argument("--cache", default="off")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="HF checkpointing and rematc regions=True in one process, steps alternated")
+    parser.add_argument("--pairs", type=int, default=15)
     a = parser.parse_args()
+    if a.side_by_side:
+        budget = a.budget or run("hf_ckpt", a.layers, None, "off", a.model)["peak"]
+        result = side_by_side(a.layers, budget, a.model, a.pairs)
+        print(json.dumps(result))
+        if a.out:
+            a.out.mkdir(parents=True, exist_ok=True)
+            stem = f"{a.model}{'-' if a.model[-1].isdigit() else ''}{a.layers}-side-by-side"
+            (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+        return
     if a.worker:
         print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model)))
         return

@@ -110,7 +110,7 @@ class PartitionRecord:
     # FX names of the backward's further copies of nodes it recomputes more than once
     again: tuple[str, ...] = ()
     cached: bool = False  # the plan came from the on-disk plan cache: no solve ran
-    graph: tuple[int, int] | None = None  # (Dynamo frame, graph in frame); None outside Dynamo
+    graph: GraphKey | None = None  # its place in the step, Dynamo frame and graph; None outside Dynamo
     held_before: int = 0  # bytes held by earlier graphs of the step, taken off the budget
     holds: int = 0  # bytes this graph's plan holds when its forward ends (saved + outputs)
     size_bounds: tuple[str, ...] = ()  # guards added so the plan serves only these shapes
@@ -195,6 +195,18 @@ class Need(NamedTuple):
     grads: int  # bytes of gradients its backward keeps, one call
 
 
+class GraphKey(NamedTuple):
+    """A graph of the step, as :meth:`BudgetShare.graph` names it. Keys compare in the
+    order the share first saw their graphs, which is the step's order: Dynamo compiles a
+    graph when the step first reaches it. Its frame number is not that order: Dynamo numbers
+    a frame when it first compiles its code, for whichever model (a model compiled earlier
+    in the process that runs the same code took the lower numbers)."""
+
+    order: int  # among the graphs of the share, first seen first
+    frame: int  # Dynamo's frame
+    number: int  # the graph's place within its frame's compile
+
+
 @dataclass
 class BudgetShare:
     """One absolute budget shared by the graphs of one compiled step: graph k is planned
@@ -202,28 +214,31 @@ class BudgetShare:
     keyed by Dynamo frame and order within it; a recompilation replaces its graph's entry.
     Fraction budgets are not shared. See docs/reliability.md, "Graph breaks"."""
 
-    holds: dict[tuple[int, int], int] = field(default_factory=dict)  # graph -> bytes
-    problems: dict[tuple[int, int], Problem] = field(default_factory=dict)  # graph -> its problem, no budget
+    holds: dict[GraphKey, int] = field(default_factory=dict)  # graph -> bytes
+    problems: dict[GraphKey, Problem] = field(default_factory=dict)  # graph -> its problem, no budget
     # graph -> bytes at its backward's predicted peak in the step (what the graphs before
     # it hold included), and bytes it keeps to the end of the step (:func:`lasting`)
-    backward_peaks: dict[tuple[int, int], int] = field(default_factory=dict)
-    lasting: dict[tuple[int, int], int] = field(default_factory=dict)
+    backward_peaks: dict[GraphKey, int] = field(default_factory=dict)
+    lasting: dict[GraphKey, int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # compile id -> graphs so far
+    seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (frame, graph) -> order
     warned: bool = False
     # What each graph of the step needs at its least, in execution order, when a survey of
     # the step has said (rematc.regions.survey); empty otherwise.
     needs: tuple[Need, ...] = ()
 
-    def graph(self) -> tuple[int, int] | None:
-        """The key of the graph being partitioned now (None outside a Dynamo compile)."""
+    def graph(self) -> GraphKey | None:
+        """The key of the graph being partitioned now (None outside a Dynamo compile); a
+        recompilation of a graph keeps its place in the order."""
         cid = CompileContext.current_compile_id()
         if cid is None or cid.frame_id is None:
             return None
         k = self.calls.get(str(cid), 0)
         self.calls[str(cid)] = k + 1
-        return (cid.frame_id, k)
+        order = self.seen.setdefault((cid.frame_id, k), len(self.seen))
+        return GraphKey(order, cid.frame_id, k)
 
-    def reserve_after(self, graph: tuple[int, int] | None) -> int:
+    def reserve_after(self, graph: GraphKey | None) -> int:
         """Bytes the graphs after ``graph`` need beside what it and the earlier graphs
         hold, from a survey of the step (``needs``, in execution order: see
         :func:`rematc.regions.survey`); 0 without one. Graph k is the k-th in the step's
@@ -243,7 +258,7 @@ class BudgetShare:
             between += need.calls * need.holds
         return reserve
 
-    def gradients_after(self, graph: tuple[int, int] | None) -> int:
+    def gradients_after(self, graph: GraphKey | None) -> int:
         """Bytes of gradients the graphs after ``graph`` have produced when its backward
         runs, from the survey (``needs``); 0 without one."""
         if graph is None or not self.needs:
@@ -251,12 +266,12 @@ class BudgetShare:
         k = sum(1 for g in self.holds if g < graph)
         return sum(need.calls * need.grads for need in self.needs[k + 1:])
 
-    def held_before(self, graph: tuple[int, int] | None) -> int:
+    def held_before(self, graph: GraphKey | None) -> int:
         if graph is None:
             return 0
         return sum(b for g, b in self.holds.items() if g < graph)
 
-    def smallest_step_budget(self, graph: tuple[int, int] | None, least: int,
+    def smallest_step_budget(self, graph: GraphKey | None, least: int,
                              options: Options) -> int | None:
         """The smallest step budget found at which the graphs before ``graph``, planned
         as they would be at it, leave ``graph`` its ``least`` bytes; None if none found.
@@ -292,7 +307,7 @@ class BudgetShare:
             step = needed
         return None
 
-    def over_after(self, graph: tuple[int, int] | None, lasting: int, budget: int) -> int:
+    def over_after(self, graph: GraphKey | None, lasting: int, budget: int) -> int:
         """Bytes by which the backward of a graph before ``graph`` would exceed ``budget``
         beside the ``lasting`` bytes ``graph`` keeps to the end of the step and those the
         graphs between keep (they are alive while it runs: the step's backward runs the
@@ -305,7 +320,7 @@ class BudgetShare:
             over = max(over, peak + between + lasting - budget)
         return over
 
-    def remember_lasting(self, graph: tuple[int, int] | None, lasting: int) -> None:
+    def remember_lasting(self, graph: GraphKey | None, lasting: int) -> None:
         """Note for each graph before ``graph`` the bytes it and the graphs between keep to
         the end of the step (:func:`lasting_after`), so that it is planned with them off its
         budget from its next compile on."""
@@ -314,7 +329,7 @@ class BudgetShare:
                 between = sum(b for h, b in self.lasting.items() if g < h < graph)
                 _remember_lasting(problem, lasting + between)
 
-    def record(self, graph: tuple[int, int] | None, holds: int, problem: Problem | None = None, *,
+    def record(self, graph: GraphKey | None, holds: int, problem: Problem | None = None, *,
                backward_peak: int | None = None, lasting: int | None = None) -> None:
         """Note what ``graph`` holds when its forward ends (``holds``), and where given its
         problem, its backward's peak in the step and what it keeps to the step's end (a
@@ -364,9 +379,9 @@ MIX_STEPS = (0.25, 0.5, 0.75)
 MAX_STEP_ROUNDS = 8
 
 
-def graph_name(graph: tuple[int, int] | None) -> str:
+def graph_name(graph: GraphKey | None) -> str:
     """How messages name a graph of the step by its :meth:`BudgetShare.graph` key."""
-    return "the compiled graph" if graph is None else f"graph {graph[1]} of frame {graph[0]}"
+    return "the compiled graph" if graph is None else f"graph {graph.number} of frame {graph.frame}"
 
 
 class BudgetWarning(UserWarning):
@@ -503,7 +518,7 @@ class RematPartitioner(CustomPartitionerFn):
         # Bytes taken off the budget by the post-compile check (Backend), and this graph's
         # key in the share, kept so that a re-plan of it is not taken for a new graph.
         self.squeeze = 0
-        self._graph: tuple[tuple[int, int] | None] | None = None
+        self._graph: tuple[GraphKey | None] | None = None
         # Set by the backend for a graph whose calls it can tell apart (a regional block):
         # the partitioning then also offers a mix of plans for them (``mix``, None where
         # one plan for every call is as fast); ``fixed`` makes the next partitioning emit
@@ -570,7 +585,7 @@ class RematPartitioner(CustomPartitionerFn):
                  "donated (%s): the peak may exceed the predicted %d B by that much",
                  new.undonated, ", ".join(sorted(gone)), new.predicted_peak)
 
-    def least(self, problem: Problem, e: InfeasibleBudgetError, *, graph: tuple[int, int] | None,
+    def least(self, problem: Problem, e: InfeasibleBudgetError, *, graph: GraphKey | None,
               held: int, asked: int | None, after: int = 0) -> tuple[Planned, Problem]:
         """What an infeasible budget leaves: under a fraction, the graph's least-peak plan
         (a fraction asks to shrink; it cannot shrink further) with one warning; under a
@@ -715,7 +730,7 @@ class RematPartitioner(CustomPartitionerFn):
             return found(Planned(fits, cached=False), fitted)
         raise InfeasibleBudgetError(room, least, proven=False, plan=plan)
 
-    def check_earlier_backwards(self, problem: Problem, graph: tuple[int, int] | None, keeps: int,
+    def check_earlier_backwards(self, problem: Problem, graph: GraphKey | None, keeps: int,
                                 budget: int, after: int) -> None:
         """After a graph break the step's backward runs the graphs in reverse, so an
         earlier graph's backward runs beside what this graph keeps to the step's end

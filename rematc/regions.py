@@ -198,7 +198,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     for _ in records:  # the survey's records are not the user's
         _RECORDS.pop()
     needs = []
-    for record in sorted(records, key=lambda r: r.graph or (0, 0)):
+    for record in sorted(records, key=lambda r: -1 if r.graph is None else r.graph.order):
         free = record.problem.with_budget(None)
         if record.calls > 1:
             # A graph of several calls is counted at the plan, of those the real graph's

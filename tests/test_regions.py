@@ -271,3 +271,30 @@ def test_packed_sequences_give_eagers_loss_and_gradients_in_a_regional_step() ->
     assert got.item() == pytest.approx(expected.item(), rel=1e-6)
     for (name, g), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(g.grad, want.grad, msg=name)
+
+
+def _regional_records(budget: int) -> list[tuple[Any, ...]]:
+    """The tests' Llama compiled regionally at ``budget``, one step run: per graph its place,
+    plan, what the graphs before it hold and its budget."""
+    compiled = rematc.compile(llama(), budget=budget, compiler="eager", cache_dir=None, regions=True)
+    step(compiled)
+    return [(r.graph.order if r.graph else None, r.solver, r.held_before, r.budget) for r in rematc.records()]
+
+
+def test_a_model_compiled_before_in_the_process_leaves_the_step_in_order() -> None:
+    """Dynamo numbers a frame when it first compiles its code, for whichever model: after a
+    model of the same code compiled whole, the regional step's loss head had a lower frame
+    number than the graph before its blocks, and the budget share, which took frame numbers
+    for the step's order, planned the loss head as the step's first graph (a 32-layer GPT-2
+    was then refused at HF checkpointing's peak). The plans are now those of a fresh
+    process."""
+    budget = int(0.8 * _unconstrained_step())
+    torch._dynamo.reset()
+    rematc.clear_records()
+    fresh = _regional_records(budget)
+    torch._dynamo.reset()
+    rematc.clear_records()
+    step(torch.compile(llama(), backend="eager"))
+    after = _regional_records(budget)
+    assert after == fresh
+    assert [order for order, *_ in after] == sorted(order for order, *_ in after)
