@@ -132,8 +132,7 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15)
     ours, _ = build(layers, kind)
     ours.load_state_dict(hf.state_dict())
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # rematc's first: its survey and budget share read the step's graphs in the order Dynamo
-    # numbers them
+    # rematc's first step first, though either order plans alike (rematc.partition.GraphKey)
     steps = {"rematc_regions": (ours, rematc.compile(ours, budget=budget, cache_dir="off", regions=True)),
              "hf_ckpt": (hf, torch.compile(hf))}
 

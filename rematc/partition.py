@@ -211,7 +211,7 @@ class GraphKey(NamedTuple):
 class BudgetShare:
     """One absolute budget shared by the graphs of one compiled step: graph k is planned
     with the budget less what graphs 1..k-1 hold when their forwards end (``held_before``),
-    keyed by Dynamo frame and order within it; a recompilation replaces its graph's entry.
+    keyed by :class:`GraphKey`, in the step's order; a recompilation replaces its graph's entry.
     Fraction budgets are not shared. See docs/reliability.md, "Graph breaks"."""
 
     holds: dict[GraphKey, int] = field(default_factory=dict)  # graph -> bytes
