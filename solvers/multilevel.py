@@ -348,15 +348,20 @@ def min_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
     # The model's least feasible budget, to 0.1% while time is left: every segment a group
     # of its own fits at its own figure, and nothing fits below zero.
     low, high = 0.0, model_peak(chain, [(s, s) for s in range(chain.n)])
+    at_high: list[tuple[int, int]] | None = None  # the split found at ``high``, once one is
     while high - low > 1e-3 * high and not deadline.expired():
         mid = (low + high) / 2
-        low, high = (low, mid) if split(chain, mid) is not None else (mid, high)
+        if (found := split(chain, mid)) is not None:
+            high, at_high = mid, found
+        else:
+            low = mid
     low = high
     best: tuple[int, Plan] | None = None  # the least checked peak, its plan
-    for b in np.geomspace(max(low, 1), max(low, 1) * 2, 8):
+    for i, b in enumerate(np.geomspace(max(low, 1), max(low, 1) * 2, 8)):
         if best is not None and deadline.expired():
             break
-        if (g := split(chain, float(b))) is not None:
+        # the sweep's first budget is the search's last: its split is known
+        if (g := at_high if i == 0 and at_high is not None and low >= 1 else split(chain, float(b))) is not None:
             plan = compose(problem, chain, g)
             peak = check(unbudgeted, plan).peak
             if best is None or peak < best[0]:

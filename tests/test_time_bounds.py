@@ -37,8 +37,9 @@ LIMIT = 2.0  # seconds each path is given
 # checkpointing baselines, one split of the multi-level model and its plan, the chain's
 # reference plan composed and judged, each CP-SAT model built and a solve's least share,
 # one program of the step relaxation), up to 1.4 s on these problems on a 2-core machine
-# at a load of 3-5, and as much again for a busier one.
-OVERHEAD = 3.0
+# at a load of 3-5, and as much again for a busier one. On a slower 2-core CPU (AVX2 only,
+# about 2.5 times slower) under the suite's two workers: 3.3 and 3.5 s past the limit.
+OVERHEAD = 4.0
 WORK_LIMIT = 0.1  # deterministic seconds of work a deterministic solve is given
 BACKSTOP = solvers.deadline.WALL_BACKSTOP  # as the package sets it (tests/conftest.py lifts it)
 # Deterministic seconds past a deterministic limit: CP-SAT's least share of a solve begun
