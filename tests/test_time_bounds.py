@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 import pytest
@@ -97,23 +97,27 @@ def outcome(run: Callable[[], SolveResult]) -> SolveResult | InfeasibleBudgetErr
         return e
 
 
-# Each path: what it solves, built (and its budget found) before the clock starts, and
-# the solve that is timed.
-PATHS: dict[str, Callable[[], Callable[[SolverConfig], SolveResult]]] = {
-    "chain route": lambda: (lambda p: lambda c: planner.solve(p, c))(large().with_budget(every_peak(large()))),
-    "chain route, budget below every plan":
-        lambda: (lambda p: lambda c: planner.solve(p, c))(large().with_budget(below_every_plan(large()))),
-    "chain route, least peak": lambda: (lambda p: lambda c: planner.min_feasible_peak(p, c))(large()),
-    "chain model alone": lambda: (lambda p: lambda c: chain.solve(p, c, planner=planner.PLANNER))(
-        large().with_budget(every_peak(large()))),
-    "multi-level alone": lambda: (lambda p: lambda c: multilevel.solve(p, c))(
-        long().with_budget(every_peak(long()) // 2)),
-    "multi-level least peak": lambda: (lambda p: lambda c: multilevel.min_peak(p, c))(long()),
-    "flat search": lambda: (lambda p: lambda c: planner.solve(p, c))(flat().with_budget(every_peak(flat()) * 3 // 4)),
-    "flat search, budget below every plan":
-        lambda: (lambda p: lambda c: planner.solve(p, c))(flat().with_budget(below_every_plan(flat()))),
-    "flat search, least peak": lambda: (lambda p: lambda c: planner.min_feasible_peak(p, c))(flat()),
+# Each path: the problem it solves (built, and its budget found, before the clock starts)
+# and the solve that is timed.
+PATHS: dict[str, tuple[Callable[[], Problem], Callable[[Problem, SolverConfig], SolveResult]]] = {
+    "chain route": (lambda: large().with_budget(every_peak(large())), planner.solve),
+    "chain route, budget below every plan": (lambda: large().with_budget(below_every_plan(large())), planner.solve),
+    "chain route, least peak": (large, planner.min_feasible_peak),
+    "chain model alone": (lambda: large().with_budget(every_peak(large())),
+                          partial(chain.solve, planner=planner.PLANNER)),
+    "multi-level alone": (lambda: long().with_budget(every_peak(long()) // 2), multilevel.solve),
+    "multi-level least peak": (long, multilevel.min_peak),
+    "flat search": (lambda: flat().with_budget(every_peak(flat()) * 3 // 4), planner.solve),
+    "flat search, budget below every plan": (lambda: flat().with_budget(below_every_plan(flat())), planner.solve),
+    "flat search, least peak": (flat, planner.min_feasible_peak),
 }
+
+
+def timed(path: str) -> Callable[[SolverConfig], SolveResult]:
+    """``path``'s solve of its problem, the problem built now."""
+    build, solve = PATHS[path]
+    problem = build()
+    return lambda config: solve(problem, config)
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -121,7 +125,7 @@ def test_every_path_ends_within_its_time_limit(path: str) -> None:
     """Before one deadline was handed down, at this limit: the chain route 4.7 s, its
     infeasible budget 7.0 s and its least peak 5.8 s, the flat search's infeasible budget
     6.0 s and the multi-level least peak 10.7 s (a 2-core machine at a load of 2-5)."""
-    run = PATHS[path]()  # the problem built and its budget found before the clock starts
+    run = timed(path)  # the problem built and its budget found before the clock starts
     with ends_in_time():
         found = outcome(lambda: run(SolverConfig(time_limit=LIMIT)))
     if "below every plan" in path:
@@ -154,7 +158,7 @@ def test_a_deterministic_solve_ends_at_the_wall_clocks_backstop_and_says_so(
     this limit."""
     monkeypatch.setattr(solvers.deadline, "WALL_BACKSTOP", BACKSTOP)  # the suite's tests set it out of reach
     config = SolverConfig(time_limit=LIMIT, deterministic=True)
-    run = PATHS[path]()
+    run = timed(path)
     with caplog.at_level(logging.WARNING, logger="solvers.planner"), ends_in_time(LIMIT * 1.25):
         found = outcome(lambda: run(config))
     if "below every plan" in path:
