@@ -69,7 +69,8 @@ def build(layers: int, model: str = "llama") -> tuple[Any, Any]:
     return lm, ids
 
 
-def worker(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama") -> dict[str, Any]:
+def worker(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama",
+           outputs: str = "kept") -> dict[str, Any]:
     """One configuration in this process: its first step, step median, peak and loss."""
     import torch
 
@@ -89,7 +90,7 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
             layer.compile()
         compiled = model
     else:
-        compiled = rematc.compile(model, budget=budget, cache_dir=cache,
+        compiled = rematc.compile(model, budget=budget, cache_dir=cache, outputs=outputs,
                                   regions=config.startswith("rematc_regions"))
 
     def step() -> float:
@@ -159,10 +160,12 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15)
             "ratio": statistics.median(ratios), "ratios": sorted(ratios)}
 
 
-def run(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama") -> dict[str, Any]:
+def run(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama",
+        outputs: str = "kept") -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     args = [sys.executable, "-m", "bench.regions", "--worker", config, "--layers", str(layers),
-            "--cache", cache, "--model", kind] + ([] if budget is None else ["--budget", str(budget)])
+            "--cache", cache, "--model", kind, "--outputs", outputs] + (
+                [] if budget is None else ["--budget", str(budget)])
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -186,6 +189,9 @@ def main() -> None:
     parser.add_argument("--side-by-side", action="store_true",
                         help="HF checkpointing and rematc regions=True in one process, steps alternated")
     parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--outputs", choices=("kept", "dropped"), default="kept",
+                        help="rematc's outputs option: the step keeps only the loss, so 'dropped' is its "
+                             "exact count; 'kept' counts the logits alive to the step's end")
     a = parser.parse_args()
     if a.side_by_side:
         budget = a.budget or run("hf_ckpt", a.layers, None, "off", a.model)["peak"]
@@ -197,7 +203,7 @@ def main() -> None:
             (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model)))
+        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model, a.outputs)))
         return
     rows: list[dict[str, Any]] = []
     reference = run("hf_ckpt", a.layers, None, "off", a.model)
@@ -216,17 +222,20 @@ def main() -> None:
             configs = configs[::-1]
             configs = sorted(configs, key=lambda c: "_warm@" in c[0])
         for config, budget, cache in configs:
-            row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache, a.model),
-                   "config": config, "round": r + 1}
+            row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache, a.model,
+                         a.outputs), "config": config, "round": r + 1, "outputs": a.outputs}
             rows.append(row)
             print(json.dumps(row), flush=True)
     table = render(rows, a.layers, a.model)
+    if a.outputs == "dropped":
+        table += "\n\nrematc's rows with outputs='dropped' (the step keeps only the loss)."
     print(table)
     if a.out and a.only:  # a partial run beside the last full one
         a.out = a.out / "partial"
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         stem = f"{a.model}{'-' if a.model[-1].isdigit() else ''}{a.layers}-regions"  # llama32, gpt2-32
+        stem += "-outputs-dropped" if a.outputs == "dropped" else ""
         (a.out / f"{stem}.md").write_text(table + "\n")
         (a.out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 

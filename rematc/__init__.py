@@ -25,7 +25,12 @@ from solvers.budget import Budget, parse_budget
 if TYPE_CHECKING:
     from rematc._torch_compat import InductorFallbackWarning
     from rematc.backend import Backend, OverBudgetWarning, compile, rematc_backend
-    from rematc.calls import RepeatedForwardError, RepeatedForwardWarning
+    from rematc.calls import (
+        OutputsKeptError,
+        OutputsKeptWarning,
+        RepeatedForwardError,
+        RepeatedForwardWarning,
+    )
     from rematc.donation import DonationWarning
     from rematc.generated import GeneratedCodeWarning
     from rematc.partition import (
@@ -46,6 +51,8 @@ _LAZY = {
     "OverBudgetWarning": "rematc.backend",
     "DonationWarning": "rematc.donation",
     "RepeatedForwardError": "rematc.calls",
+    "OutputsKeptError": "rematc.calls",
+    "OutputsKeptWarning": "rematc.calls",
     "mark_regions": "rematc.regions",
     "RepeatedForwardWarning": "rematc.calls",
     "GeneratedCodeWarning": "rematc.generated",
@@ -87,6 +94,8 @@ __all__ = [
     "InfeasibleBudgetError",
     "NoPlanError",
     "Options",
+    "OutputsKeptError",
+    "OutputsKeptWarning",
     "OverBudgetWarning",
     "PartitionRecord",
     "RematcError",

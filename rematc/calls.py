@@ -11,12 +11,18 @@ forward, what the calls in flight hold plus this call's predicted peak is the st
 predicted peak; above a byte budget, :class:`RepeatedForwardError` stops the step before
 that memory is allocated, naming the cause and the fix. A call leaves the flight when
 the backward reaches it, or when its autograd graph is freed without one.
+
+A plan made for a caller that keeps only the loss (``Options.outputs="dropped"``) counts
+the graph's other outputs as freed when its forward returns. Where one of them is still
+alive when the backward reaches the call, :class:`OutputsKeptError` stops the step there,
+before the backward's memory is allocated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import itertools
 import warnings
 import weakref
@@ -27,7 +33,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Figures", "InFlight", "RepeatedForwardError", "RepeatedForwardWarning", "watching"]
+from rematc._torch_compat import StorageWeakRef
+
+__all__ = ["Dropped", "Figures", "InFlight", "OutputsKeptError", "OutputsKeptWarning", "RepeatedForwardError",
+           "RepeatedForwardWarning", "signature", "watching"]
+
+# An output's dtype and shape, a symbolic size as -1 (it matches any).
+Signature = tuple[str, tuple[int, ...]]
 
 
 class RepeatedForwardError(RuntimeError):
@@ -39,6 +51,36 @@ class RepeatedForwardWarning(UserWarning):
     """As :class:`RepeatedForwardError`, under a fraction budget (a request to shrink)."""
 
 
+class OutputsKeptError(RuntimeError):
+    """A graph's backward started while the step still held an output its plan counted as
+    freed when the forward returned (``Options.outputs="dropped"``)."""
+
+
+class OutputsKeptWarning(UserWarning):
+    """As :class:`OutputsKeptError`, under a fraction budget (a request to shrink)."""
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The outputs of one signature that a graph's plan counts as freed when its forward
+    returns."""
+
+    signature: Signature
+    others: int  # the graph's other outputs of this signature, which may stay alive
+    nbytes: int  # bytes of one
+
+
+def signature(t: torch.Tensor) -> Signature:
+    """``t``'s dtype and shape; a symbolic size (a fake tensor's) as -1."""
+    return str(t.dtype), tuple(s if isinstance(s, int) else -1 for s in t.shape)
+
+
+def _matches(t: torch.Tensor, sig: Signature) -> bool:
+    dtype, shape = signature(t)
+    return dtype == sig[0] and len(shape) == len(sig[1]) and all(
+        want in (-1, got) for got, want in zip(shape, sig[1], strict=True))
+
+
 @dataclass(frozen=True)
 class Figures:
     """A graph's plan, as the watch of its calls reads it."""
@@ -48,6 +90,7 @@ class Figures:
     budget: int  # the step's budget in bytes
     calls: int  # calls of it in flight the plan leaves room for
     hard: bool  # a byte budget (an error above it), not a fraction (a warning)
+    dropped: tuple[Dropped, ...] = ()  # outputs counted as freed when the forward returns
 
 
 @dataclass(frozen=True)
@@ -98,22 +141,80 @@ class InFlight:
             self.warned.add(worst)
             warnings.warn(message, RepeatedForwardWarning, stacklevel=4)
 
-    def after(self, graph: str, holds: int, outputs: Any, *, planned_calls: int = 1) -> None:
+    def after(self, graph: str, holds: int, outputs: Any, *, planned_calls: int = 1,
+              dropped: tuple[Dropped, ...] = (), inputs: Any = (), hard: bool = True) -> None:
         """Count the call that returned ``outputs`` in flight until its backward runs or
-        its autograd graph is freed; a call with no output requiring grad is not."""
+        its autograd graph is freed; a call with no output requiring grad is not. Where its
+        plan counts ``dropped`` outputs as freed when the forward returned, check when the
+        backward reaches the call that no more of them are alive than the graph's other
+        outputs of their signatures (:func:`outputs_kept`; ``inputs``: the call's, whose
+        storages do not count)."""
         node = _backward_node(outputs)
         if node is None:
             return
         token = next(self.tokens)
         self.calls[token] = Call(graph, holds, planned_calls)
+        watched = _watch_dropped(outputs, inputs, dropped)
 
         def land(*_: Any) -> None:
             self.calls.pop(token, None)
 
-        node.register_prehook(land)
+        def check_then_land(*_: Any) -> None:
+            land()
+            kept = outputs_kept(watched)
+            if kept:
+                # Held by a reference cycle only, they are garbage: collected here, before
+                # the backward allocates anything, they never sat beside it.
+                gc.collect()
+                kept = outputs_kept(watched)
+            if not kept:
+                return
+            message = (
+                f"rematc: {graph}'s backward started while the step still held {kept} B of its outputs "
+                f"that its plan counted as freed when the forward returned (outputs='dropped'), so "
+                f"the step may peak that much above its plan. Keep only the loss before the backward "
+                f"(loss = model(...).loss), or compile with outputs='kept'.")
+            if hard:
+                raise OutputsKeptError(message)
+            if graph not in self.warned:
+                self.warned.add(graph)
+                warnings.warn(message, OutputsKeptWarning, stacklevel=2)
+
+        node.register_prehook(check_then_land if watched else land)
         # A node Python cannot refer to weakly (TypeError) is landed by its backward alone.
         with contextlib.suppress(TypeError):
             weakref.finalize(node, land)
+
+
+# Per signature counted as dropped: the weak references to the storages of the call's
+# outputs of that signature, how many may stay alive, and the bytes of one.
+Watched = list[tuple[list[StorageWeakRef], int, int]]
+
+
+def _watch_dropped(outputs: Any, inputs: Any, dropped: tuple[Dropped, ...]) -> Watched:
+    """Weak references to the storages of the outputs of each ``dropped`` signature (once
+    each; not those of the call's ``inputs``, which the step holds anyway)."""
+    if not dropped:
+        return []
+    held = {t.untyped_storage().data_ptr() for t in _flat(inputs) if isinstance(t, torch.Tensor)}
+    tensors = [t for t in _flat(outputs) if isinstance(t, torch.Tensor) and t.dim() > 0]
+    watched: Watched = []
+    for d in dropped:
+        refs, seen = [], set()
+        for t in tensors:
+            ptr = t.untyped_storage().data_ptr()
+            if _matches(t, d.signature) and ptr not in held and ptr not in seen:
+                seen.add(ptr)
+                refs.append(StorageWeakRef(t.untyped_storage()))
+        watched.append((refs, d.others, d.nbytes))
+    return watched
+
+
+def outputs_kept(watched: Watched) -> int:
+    """Bytes of the outputs counted as dropped that are still alive: per signature, those
+    alive beyond the graph's other outputs of it."""
+    return sum(max(0, sum(not ref.expired() for ref in refs) - others) * nbytes
+               for refs, others, nbytes in watched)
 
 
 def _backward_node(outputs: Any) -> Any:
@@ -151,7 +252,8 @@ def watching(compiled: Callable[..., Any], flight: InFlight, graph: str,
         flight.before(graph, peak=figures.peak, budget=figures.budget,
                       planned_calls=figures.calls, hard=figures.hard)
         outputs = compiled(*args, **kwargs)
-        flight.after(graph, figures.holds, outputs, planned_calls=figures.calls)
+        flight.after(graph, figures.holds, outputs, planned_calls=figures.calls, dropped=figures.dropped,
+                     inputs=args, hard=figures.hard)
         return outputs
 
     return run

@@ -96,6 +96,9 @@ class CaptureContext:
     forward: frozenset[fx.Node]  # what the forward computes
     kept: set[fx.Node]  # the step's outputs
     inductor: bool  # Inductor generates the code (else eager's kernels run the graph)
+    # Of the forward's outputs, those the caller drops when the forward returns
+    # (:func:`dropped_outputs`): ``returned`` values, not kept to the step's end.
+    returned: frozenset[fx.Node] = frozenset()
     owner: dict[fx.Node, fx.Node] = field(default_factory=dict)  # node -> the node owning its storage
     elements: Elements = field(default_factory=lambda: Elements({}, {}, frozenset()))
     layout: dict[fx.Node, int] = field(default_factory=dict)  # channels-last copies: input -> bytes
@@ -125,10 +128,15 @@ def capture(
     host_bandwidth: float = 0.0,
     name: str = "joint",
     inductor: bool = False,
+    drops_outputs: bool = False,
 ) -> Captured:
     """The problem of one joint graph (the steps of the module docstring), for eager's
-    kernels or, with ``inductor``, for the code Inductor generates."""
+    kernels or, with ``inductor``, for the code Inductor generates. ``drops_outputs``: the
+    caller keeps only the loss, and the forward's other outputs (:func:`dropped_outputs`)
+    are ``returned`` values, alive to the forward's end, not kept to the step's."""
     c = _start(joint, costs, num_fwd_outputs, static_lifetime_input_indices, inductor)
+    if drops_outputs:
+        c.returned = dropped_outputs(joint, num_fwd_outputs)
     _split_storages(c)
     _group_values(c, _step_order(c))
     _read_values(c)
@@ -252,6 +260,9 @@ def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
         deps |= {d for j in deps & unstored for d in out[j].deps}
         own = [n for n in group if n not in c.folded]
         size = c.layout.get(head, c.elements.sizes.get(head, c.costs[head].nbytes))
+        keep = any((n in c.kept and n not in c.returned) or _root_gradient(n) for n in group)
+        resident = (is_primal(head) or is_fwd_seed_offset(head)) and head not in c.layout
+        returned = not (keep or resident) and head in c.forward and any(n in c.returned for n in group)
         out.append(Node(
             name=head.name,
             op=_op_name(head),
@@ -266,8 +277,9 @@ def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
             recomputable=(_recomputable(group, c.costs) and not stale.intersection(group)
                           and head not in c.elements.statistics),
             offloadable=_offloadable(group, c.costs),
-            resident=(is_primal(head) or is_fwd_seed_offset(head)) and head not in c.layout,
-            keep=any(n in c.kept or _root_gradient(n) for n in group),
+            resident=resident,
+            keep=keep,
+            returned=returned,
             unstored=frozenset({Copy.RECOMPUTED}) if i in c.in_readers - unstored else frozenset(),
         ))
     if c.inductor and out and not out[-1].resident and channels_last_convolutions(c.joint):
@@ -300,6 +312,19 @@ def recompute_seconds(group: Sequence[fx.Node], own: Sequence[fx.Node],
     time = sum(costs[n].time if stored and costs[n].is_pointwise else costs[n].recompute_time
                for n in own)
     return time + sum(costs[n].transcendental_time for n in group if n not in own)
+
+
+def dropped_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> frozenset[fx.Node]:
+    """The forward's outputs a caller that keeps only the loss drops when the forward
+    returns (``Options.outputs="dropped"``): where the forward returns a loss (a 0-dim
+    floating-point tensor), every other tensor it returns; none where it returns no loss
+    (the caller computes one from what it returns, so holds that)."""
+    fwd_outputs, _, _, _ = extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    vals = [(o, o.meta.get("val")) for o in fwd_outputs if isinstance(o, fx.Node)]
+    tensors = [(o, v) for o, v in vals if isinstance(v, torch.Tensor)]
+    if not any(v.dim() == 0 and v.is_floating_point() for _, v in tensors):
+        return frozenset()
+    return frozenset(o for o, v in tensors if v.dim() > 0)
 
 
 def step_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:

@@ -22,6 +22,7 @@ from solvers.sat import MAX_SEED, MAX_WORKERS
 # the seventh, 1% of the step).
 DEFAULT_SOLVER = SolverConfig(time_limit=60.0, step_gap=0.01, stall_time=10.0)
 COMPILERS = ("inductor", "eager")
+OUTPUTS = ("kept", "dropped")  # what the step does with the forward's outputs (Options.outputs)
 # The environment variable read for a budget when none is given (as a size, a fraction
 # or "auto"): a budget set without code changes.
 BUDGET_ENV = "REMATC_BUDGET"
@@ -76,6 +77,14 @@ class Options:
     # parameters and unsharded gradients (rematc.compile sets it for a sharded model,
     # rematc.backend.fsdp_reserve), or what a user knows lies outside.
     reserve: int = 0
+    # The forward's outputs other than the loss, after the forward returns: "kept" counts
+    # them alive to the step's end, as a caller that holds them through the backward needs
+    # (``out = model(x); out.loss.backward()``); "dropped" counts them freed as the forward
+    # returns, as a caller that keeps only the loss has them (``model(x).loss.backward()``,
+    # transformers' Trainer). Only a graph that returns a loss (a 0-dim tensor) drops its
+    # other outputs, and a step that still holds one when its graph's backward starts stops
+    # there with rematc.OutputsKeptError (a warning under a fraction budget).
+    outputs: str = "kept"
 
     def __post_init__(self) -> None:
         from rematc.wholestep import OPTIMIZERS
@@ -83,6 +92,9 @@ class Options:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"option 'optimizer' must be one of {', '.join(OPTIMIZERS)}, "
                              f"got {self.optimizer!r}")
+        if self.outputs not in OUTPUTS:
+            raise ValueError(f"option 'outputs' must be one of {OUTPUTS} (what the step does with the "
+                             f"forward's outputs other than the loss), got {self.outputs!r}")
         if self.compiler not in COMPILERS:
             raise ValueError(f"option 'compiler' must be one of {COMPILERS}, got {self.compiler!r}")
         device = self.device
@@ -124,7 +136,8 @@ class Options:
 
         Keys: budget (bytes, a fraction, or "auto": docs/fit.md), optimizer (for "auto"),
         compiler, device, host_bandwidth, verify, cache_dir, calls (forwards in flight per
-        step), reserve (bytes outside the compiled graphs), and the solver's time_limit
+        step), reserve (bytes outside the compiled graphs), outputs ("kept" or "dropped": the
+        forward's outputs besides the loss after the forward), and the solver's time_limit
         (seconds), workers, seed, gap (relative optimality gap to stop at), step_gap
         (stop once provably within this fraction of the step's time of the best plan),
         stall_time (stop once no better plan has been found for this many seconds; 0 never)

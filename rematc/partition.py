@@ -42,6 +42,7 @@ from rematc._torch_compat import (
     optimization_hint,
 )
 from rematc.annotate import NodeCost, annotate, transient_scratch
+from rematc.calls import Dropped, Signature, signature
 from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import expected_donations
@@ -145,6 +146,9 @@ class PartitionRecord:
     # In a mix of plans for a graph's calls (:class:`Mixed`): the calls, by position in the
     # step (a regional block's index), that run this plan; () where every call runs it.
     blocks: tuple[int, ...] = ()
+    # The forward's outputs the plan counts as freed when the forward returns
+    # (Options.outputs="dropped"), as the check at the backward watches them.
+    dropped: tuple[Dropped, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -403,6 +407,30 @@ def kept_gradients(joint: fx.GraphModule, num_fwd_outputs: int, kept: Iterable[i
         if isinstance(val, torch.Tensor):
             total += int(optimization_hint(val.numel())) * val.element_size()
     return total
+
+
+def dropped_signatures(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
+                       plan: Plan) -> tuple[Dropped, ...]:
+    """The forward's outputs ``plan`` counts as freed when the forward returns (``returned``
+    values it neither saves nor offloads), by signature, each with how many of the
+    forward's other outputs of that signature may stay alive: what the check at the
+    backward watches (:func:`rematc.calls.outputs_kept`)."""
+    outputs = joint.graph.output_node().args[0]
+    forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
+    dropped: dict[Signature, int] = {}
+    others: dict[Signature, int] = {}
+    for o in forward:
+        val = o.meta.get("val") if isinstance(o, fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        sig = signature(val)
+        v = captured.value_of.get(o)
+        if (v is not None and captured.problem.nodes[v].returned
+                and plan.decisions.get(v) not in (Decision.SAVE, Decision.OFFLOAD)):
+            dropped[sig] = int(optimization_hint(val.numel())) * val.element_size()
+        else:
+            others[sig] = others.get(sig, 0) + 1
+    return tuple(Dropped(sig, others.get(sig, 0), nbytes) for sig, nbytes in dropped.items())
 
 
 def holds_after_forward(problem: Problem, report: Report) -> int:
@@ -818,7 +846,8 @@ class RematPartitioner(CustomPartitionerFn):
         static = list(kwargs.get("static_lifetime_input_indices") or [])
         device = device_of(gm, self.options)
         joint, captured = capture_stage(gm, device, fuses=self.options.compiler == "inductor",
-                                        num_fwd_outputs=num_fwd_outputs, static=static)
+                                        num_fwd_outputs=num_fwd_outputs, static=static,
+                                        drops_outputs=self.options.outputs == "dropped")
         unconstrained = save_all(captured.problem).report
         assert unconstrained is not None
         if self._graph is None:
@@ -925,6 +954,7 @@ class RematPartitioner(CustomPartitionerFn):
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze, step_need=held + after + aside + need,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
+            dropped=dropped_signatures(joint, num_fwd_outputs, captured, result.plan),
         )
         _RECORDS.append(record)
         self.record = record
@@ -937,20 +967,22 @@ class RematPartitioner(CustomPartitionerFn):
 
 def capture_stage(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
                   num_fwd_outputs: int, static: Sequence[int],
-                  name: str = "joint") -> tuple[fx.GraphModule, Captured]:
+                  name: str = "joint", drops_outputs: bool = False) -> tuple[fx.GraphModule, Captured]:
     """prepare -> annotate -> capture: the joint graph as planned, and its problem.
 
     ``fuses``: the emitted graphs go to Inductor (pointwise ops fuse into their readers,
-    matmuls into the adds that read them)."""
+    matmuls into the adds that read them). ``drops_outputs``: the caller keeps only the
+    loss (``Options.outputs``)."""
     joint = prepare(gm)
     if fuses:
         place_addmm_operands(joint)
     return joint, capture_prepared(joint, device, fuses=fuses, num_fwd_outputs=num_fwd_outputs,
-                                   static=static, name=name)
+                                   static=static, name=name, drops_outputs=drops_outputs)
 
 
 def capture_prepared(joint: fx.GraphModule, device: DeviceProfile, *, fuses: bool,
-                     num_fwd_outputs: int, static: Sequence[int], name: str = "joint") -> Captured:
+                     num_fwd_outputs: int, static: Sequence[int], name: str = "joint",
+                     drops_outputs: bool = False) -> Captured:
     """annotate -> capture of a joint graph :func:`capture_stage` has prepared: its costs
     and problem at the sizes its symbols stand at now (see
     :func:`rematc._torch_compat.sizes_at`)."""
@@ -964,7 +996,8 @@ def capture_prepared(joint: fx.GraphModule, device: DeviceProfile, *, fuses: boo
                                    static_lifetime_input_indices=static)
         captured = capture(joint, costs, num_fwd_outputs=num_fwd_outputs,
                            static_lifetime_input_indices=static,
-                           host_bandwidth=device.host_bandwidth, name=name, inductor=fuses)
+                           host_bandwidth=device.host_bandwidth, name=name, inductor=fuses,
+                           drops_outputs=drops_outputs)
         scratch = transient_scratch(list(joint.graph.nodes), scalars=not fuses)
     warn_fallback_costs(costs, joint)
     return replace(captured, scratch=scratch) if scratch else captured

@@ -199,7 +199,7 @@ class Cut:
             size = 0 if n.resident else n.size  # a resident value costs nothing
             costs = (size, round(n.time, 15), n.flops) if sized else ()
             h.update(repr((n.op, n.deps, n.backward, *costs,
-                           n.recomputable, n.offloadable, n.resident, n.keep, n.overwrites,
+                           n.recomputable, n.offloadable, n.resident, n.keep, n.returned, n.overwrites,
                            sorted(c.value for c in n.overwrites_copies),
                            sorted(c.value for c in n.unstored))).encode())
         h.update(repr((sorted(self.interior.values()), sorted(self.boundaries))).encode())
@@ -237,11 +237,12 @@ def cut(problem: Problem, segment: Segment, boundaries: Iterable[int] = (),
     for g in region:
         n = problem.nodes[g]
         read_later = any(u not in inside for u in problem.users[g])
-        keep = n.keep or read_later or (not n.backward and g not in interior)
+        # A returned value lives to the step's forward end, past the region's: kept, here.
+        keep = n.keep or n.returned or read_later or (not n.backward and g not in interior)
         nodes.append(replace(
             n, deps=tuple(local[d] for d in n.deps),
             overwrites=None if n.overwrites is None else local[n.overwrites],
-            keep=keep, unstored=n.unstored - {Copy.FORWARD} if keep else n.unstored,
+            keep=keep, returned=False, unstored=n.unstored - {Copy.FORWARD} if keep else n.unstored,
             resident=n.resident and not n.backward,
         ))
     sub = Problem(nodes=tuple(nodes), budget=None, host_bandwidth=problem.host_bandwidth,

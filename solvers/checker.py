@@ -3,8 +3,8 @@
 It replays a plan on the memory model of :mod:`solvers.problem`, step by step, without
 any solver. Each value lives over one or two closed intervals of timeline steps:
 
-* a forward value: from its step to its last forward use; if SAVED, on to its last
-  backward consumer; if ``keep``, to the end;
+* a forward value: from its step to its last forward use (the forward's last step if
+  ``returned``); if SAVED, on to its last backward consumer; if ``keep``, to the end;
 * a RECOMPUTED value again from the backward step it is recomputed before to its last
   backward consumer;
 * an OFFLOADED value, instead of its saved stretch, on to the end of the forward step its
@@ -284,6 +284,8 @@ def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int
             if j >= 0:
                 last_read[j] = max(r, last_read[j] or r)
         last = [start if r is None else max(start, r[0]) for (_, start), r in zip(made, last_read, strict=True)]
+        if node.returned:  # the forward copy is handed over at the forward's last step
+            last[0] = max(last[0], problem.n_forward - 1)
         if i in moves:  # the device copy lives until its copy to the host has run
             last[0] = max(last[0], moves[i].offload_at)
         taker = problem.taken_over.get(i)

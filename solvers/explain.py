@@ -111,6 +111,8 @@ def culprits(problem: Problem, plan: Plan, report: Report) -> list[Culprit]:
             why = "kept to the end of the step (an output or a gradient)"
         elif n.backward:
             why = f"backward value still read at step {max(problem.users[i])}"
+        elif n.returned and k <= problem.last_forward_use[i]:
+            why = "returned: alive until the forward hands it over at its end"
         elif k <= problem.last_forward_use[i]:
             why = f"read by the forward at step {problem.last_forward_use[i]}"
         elif d is Decision.SAVE and not n.recomputable:

@@ -2,7 +2,7 @@
 
 A problem file is one JSON object (the schema, field by field, is ``docs/problem-format.md``)::
 
-    {"format": "rematc.problem", "version": 2, "name": "mlp", "budget": 1048576,
+    {"format": "rematc.problem", "version": 3, "name": "mlp", "budget": 1048576,
      "host_bandwidth": 0.0, "scale": {...}, "meta": {...},
      "nodes": [{"name": "x", "resident": true, "size": 4096}, ...]}
 
@@ -14,7 +14,8 @@ only checks that it is an object.
 
 Version 1 files (problems written before the memory effects had their generic names:
 ``reuses``, ``reuses_recomputed``, ``inline``, ``fused``) are read too and mean the same
-problem; the writer writes version 2.
+problem; so are version 2 files, written before a node could be ``returned`` (none is).
+The writer writes version 3.
 
 The loader is strict: a wrong format tag, an unsupported version, a missing or unknown
 key, a wrongly typed or out-of-range value, or a dependency that does not point to an
@@ -41,8 +42,8 @@ from solvers.problem import EVERY_COPY, MAX_BYTES, MAX_BYTES_TEXT, Copy, Node, P
 
 PROBLEM_FORMAT = "rematc.problem"
 PLAN_FORMAT = "rematc.plan"
-VERSION = 2  # of problem files: the version the writer writes
-READ_VERSIONS = (1, 2)  # the problem versions the reader reads
+VERSION = 3  # of problem files: the version the writer writes
+READ_VERSIONS = (1, 2, 3)  # the problem versions the reader reads
 PLAN_VERSION = 1  # of plan files: the only one
 
 _PROBLEM_KEYS = ("format", "version", "name", "budget", "host_bandwidth", "scale", "meta", "nodes")
@@ -53,6 +54,7 @@ _COMMON_NODE_KEYS = (
 _NODE_KEYS = {
     1: (*_COMMON_NODE_KEYS, "reuses", "reuses_recomputed", "inline", "fused"),
     2: (*_COMMON_NODE_KEYS, "overwrites", "overwrites_copies", "unstored"),
+    3: (*_COMMON_NODE_KEYS, "returned", "overwrites", "overwrites_copies", "unstored"),
 }
 _PLAN_KEYS = ("format", "version", "decisions", "schedule", "transfers")
 
@@ -97,6 +99,7 @@ def _node_to_json(n: Node) -> dict[str, object]:
         "offloadable": n.offloadable,
         "resident": n.resident,
         "keep": n.keep,
+        "returned": n.returned,
         **({"overwrites": n.overwrites} if n.overwrites is not None else {}),
         **({"overwrites_copies": _copies(n.overwrites_copies)} if n.overwrites_copies != EVERY_COPY else {}),
         **({"unstored": _copies(n.unstored)} if n.unstored else {}),
@@ -187,6 +190,7 @@ def _node_from_json(raw: object, i: int, count: int, version: int) -> Node:
         offloadable=_typed(obj, "offloadable", where, bool, "true or false", True),
         resident=_typed(obj, "resident", where, bool, "true or false", False),
         keep=_typed(obj, "keep", where, bool, "true or false", False),
+        returned=_typed(obj, "returned", where, bool, "true or false", False) if version >= 3 else False,
         overwrites=overwrites,
         overwrites_copies=overwrites_copies,
         unstored=unstored,
@@ -332,8 +336,9 @@ def _check_envelope(
     if not _is_int(version):
         raise error(f"version: expected an int, got {_show(version)}")
     if version not in versions:
-        understood = " and ".join(str(v) for v in versions)
-        raise error(f"version: {version} is not supported; this reader understands version {understood}")
+        understood = (f"version {versions[0]}" if len(versions) == 1 else
+                      f"versions {', '.join(str(v) for v in versions[:-1])} and {versions[-1]}")
+        raise error(f"version: {version} is not supported; this reader understands {understood}")
     _reject_unknown(doc, keys, where, error)
     return version
 

@@ -13,6 +13,8 @@ in :mod:`solvers.cpsat` encodes it):
 * any other value occupies ``size`` bytes from the step that computes it to the step of
   its last use (inclusive: an op's inputs and its output coexist while it runs);
 * ``keep`` values (the forward's outputs, the gradients) stay until the end of the step;
+  ``returned`` ones (forward outputs the caller drops when the forward returns) until the
+  forward's last step, and past it only as a plan's saved or offloaded copy;
 * a value whose storage its last reader writes over (``Node.overwrites``: a kernel writes
   its output into a same-sized input that dies there) ends one step early, so the two do
   not both count at that step: each copy whose last read is that reader's
@@ -84,6 +86,9 @@ class Node:
     offloadable: bool = True  # False where no copy can stand in for it (views, symbolic sizes)
     resident: bool = False  # alive before the step (parameters, inputs): costs no budget
     keep: bool = False  # stays until the end of the step (outputs, gradients)
+    # A forward output the caller drops when the forward returns: its forward copy lives to
+    # the forward's last step (the forward hands it over there), not to the step's end.
+    returned: bool = False
     # A dep of the same size whose storage this op writes its output into where it reads
     # that dep's copy last.
     overwrites: int | None = None
@@ -179,10 +184,12 @@ class Problem:
 
     @cached_property
     def last_forward_use(self) -> tuple[int, ...]:
-        """Step of the last forward read of each value (its own step if none)."""
+        """Step of the last forward read of each value (its own step if none); the
+        forward's last step for a ``returned`` value, which the forward hands over there."""
         f = self.n_forward
         return tuple(
-            max([i, *(u for u in self.users[i] if u < f)]) for i in range(len(self.nodes))
+            max([i, *(u for u in self.users[i] if u < f), *([f - 1] if n.returned else [])])
+            for i, n in enumerate(self.nodes)
         )
 
     @cached_property
@@ -231,7 +238,7 @@ class Problem:
             if u is None:
                 continue
             src = self.nodes[u]
-            if src.resident or src.keep or src.size != n.size or self.users[u][-1] != v:
+            if src.resident or src.keep or src.returned or src.size != n.size or self.users[u][-1] != v:
                 continue
             out[u] = v
         return out
@@ -253,12 +260,14 @@ class Problem:
 
     def fixed_end(self, i: int) -> int:
         """The last step a value lives when it has one copy, read by ops only: its last
-        reader's step (one before it, where that reader takes its storage over)."""
+        reader's step (one before it, where that reader takes its storage over); for a
+        ``returned`` value, not before the forward's last step."""
         v = self.taken_over.get(i)
         if v is not None:
             return v - 1
         users = self.users[i]
-        return max(i, users[-1]) if users else i
+        end = max(i, users[-1]) if users else i
+        return max(end, self.n_forward - 1) if self.nodes[i].returned else end
 
     def forward_end(self, i: int) -> int:
         """The last step a forward value's forward copy lives unless it is saved or
@@ -364,9 +373,12 @@ def _validate(p: Problem) -> None:
         _check_copies(n.unstored, f"{where}: unstored")
         if Copy.RELOADED in n.unstored:
             raise ProblemError(f"{where}: unstored cannot hold the reloaded copy (a copy back is stored)")
-        if not n.stores(Copy.FORWARD) and (n.backward or n.resident or n.keep):
+        if not n.stores(Copy.FORWARD) and (n.backward or n.resident or n.keep or n.returned):
             raise ProblemError(f"{where}: only an ordinary forward value may leave its forward copy "
-                               "unstored (not a backward, resident or kept one)")
+                               "unstored (not a backward, resident, kept or returned one)")
+        if n.returned and (n.backward or n.resident or n.keep):
+            raise ProblemError(f"{where}: returned marks a forward output the caller drops after the "
+                               "forward; a backward, resident or kept value cannot be one")
     for i, n in enumerate(p.nodes):
         if not n.stores(Copy.FORWARD) and not p.single_phase:
             readers = p.forward_users[i]

@@ -137,6 +137,25 @@ def loss_head() -> Problem:
     )
 
 
+def returned_head(host_bandwidth: float = 0.0) -> Problem:
+    """A loss head whose caller drops the logits when the forward returns. #2 logits is
+    ``returned``: alive to the forward's last step (#5), past its last read (#3 ls), and a
+    candidate (the backward reads ls, which may be recomputed from it); #4 tail, computed
+    after ls, is alive beside it. Kept instead, it would live to the step's end."""
+    return P(
+        node("x", size=1, resident=True),  # 0
+        node("h", 0, size=2, time=1.0),  # 1
+        node("logits", 1, size=4, time=2.0, returned=True),  # 2
+        node("ls", 2, size=4, time=1.0),  # 3
+        node("tail", 3, size=3, time=1.0),  # 4
+        node("loss", 4, size=1, keep=True),  # 5
+        node("gls", 3, 5, size=4, backward=True),  # 6
+        node("gh", 1, 6, size=2, backward=True),  # 7
+        node("gx", 7, size=1, backward=True, keep=True),  # 8
+        host_bandwidth=host_bandwidth,
+    )
+
+
 # One transformer layer in miniature, in order: (name, inputs by name, size, seconds). "x"
 # is the layer's input, the residual stream; "h" and "out" end its two segments.
 LAYER = (

@@ -83,6 +83,34 @@ def test_resident_and_zero_size_values_cost_nothing() -> None:
     assert recomputed.added_time == 1.0
 
 
+def test_a_returned_value_lives_to_the_forwards_end_not_the_steps() -> None:
+    # logits #1 (4 B) is last read by ls #2 (saved to g #4); loss #3 kept, the forward's
+    # last step; gx #5 kept. The logits die after #2 as an ordinary value, after #3 as a
+    # returned one (the forward hands them over at its end), after #5 when kept.
+    def step(**logits: bool) -> Problem:
+        return P(
+            node("x", size=8, resident=True),
+            node("logits", 0, size=4, **logits),  # type: ignore[arg-type]
+            node("ls", 1, size=4),
+            node("loss", 2, size=1, keep=True),
+            node("g", 2, size=4, backward=True),
+            node("gx", 4, size=2, backward=True, keep=True),
+        )
+    assert run(step(), {2: S}).timeline == (0, 4, 8, 5, 9, 7)
+    assert run(step(returned=True), {2: S}).timeline == (0, 4, 8, 9, 9, 7)
+    assert run(step(keep=True), {2: S}).timeline == (0, 4, 8, 9, 13, 11)
+    assert step(returned=True).candidates == (1, 2) and step(keep=True).candidates == (2,)
+
+
+def test_a_returned_value_must_be_an_ordinary_forward_value() -> None:
+    for wrong in ({"keep": True}, {"resident": True}):
+        with pytest.raises(ProblemError, match="returned marks a forward output"):
+            P(node("x", size=1, resident=True), node("y", *(() if "resident" in wrong else (0,)),
+                                                     size=2, returned=True, **wrong))  # type: ignore[arg-type]
+    with pytest.raises(ProblemError, match="returned marks a forward output"):
+        P(node("x", size=1, resident=True), node("y", 0, size=2), node("g", 1, size=2, backward=True, returned=True))
+
+
 # ---- hand-computed timelines -------------------------------------------------------------
 
 

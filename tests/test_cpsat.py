@@ -50,6 +50,7 @@ from tests.graphs import (
     loss_head,
     offload_graph,
     recomputed_takeover,
+    returned_head,
 )
 
 S, R, O = Decision.SAVE, Decision.RECOMPUTE, Decision.OFFLOAD  # noqa: E741  (as in the math)
@@ -218,6 +219,8 @@ HAND: dict[str, Problem] = {
     "recomputed_takeover": recomputed_takeover(),  # ... by the in-place reader's recomputation
     "inline_beside_taker": inline_beside_taker(),  # ... unless an inline read is at its step
     "loss_head": loss_head(),  # a fused value, inline too
+    "returned_head": returned_head(),  # logits alive to the forward's end, not the step's
+    "returned_offload": returned_head(host_bandwidth=2.0),  # ... whose copy out starts there
 }
 HAND_OUTCOMES = {name: brute_force(p) for name, p in HAND.items()}
 HAND_CASES = [(name, b) for name, o in HAND_OUTCOMES.items() for b in interesting_budgets(o)]

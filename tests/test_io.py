@@ -89,21 +89,21 @@ def test_problem_round_trips_through_dict_and_file(problem: Problem, tmp_path: P
 
 def test_written_document_is_tagged_and_explicit() -> None:
     doc = problem_to_json(rich())
-    assert (doc["format"], doc["version"]) == ("rematc.problem", 2)
+    assert (doc["format"], doc["version"]) == ("rematc.problem", 3)
     assert doc["scale"] == {"bytes_per_unit": 4, "seconds_per_unit": 1e-6}
     nodes = doc["nodes"]
     assert isinstance(nodes, list)
     assert nodes[2] == {
         "name": "m", "op": "aten.rand_like", "deps": [1], "backward": False, "size": 4,
         "time": 0.5, "flops": 0.0, "recomputable": False, "offloadable": True, "resident": False,
-            "keep": False,
+        "keep": False, "returned": False,
     }
 
 
 def test_a_version_1_file_means_the_same_problem() -> None:
     """Version 1 named the memory effects ``reuses``, ``reuses_recomputed``, ``inline`` and
     ``fused``; read, they are version 2's ``overwrites``, ``overwrites_copies`` and
-    ``unstored``, and the problem writes back as version 2."""
+    ``unstored``, and the problem writes back as the current version."""
     v1 = {"format": "rematc.problem", "version": 1, "nodes": [
         {"name": "h", "size": 4},
         {"name": "x", "deps": [0], "size": 8},
@@ -117,13 +117,29 @@ def test_a_version_1_file_means_the_same_problem() -> None:
     assert (y.overwrites, y.overwrites_copies, y.unstored) == (1, EVERY_COPY, {Copy.FORWARD, Copy.RECOMPUTED})
     assert (g.overwrites, g.overwrites_copies, g.unstored) == (2, {Copy.FORWARD}, frozenset())
     assert gh.unstored == {Copy.RECOMPUTED} and p.nodes[1] == Node(name="x", deps=(0,), size=8)
-    v2 = problem_to_json(p)
-    assert v2["version"] == 2 and v2["nodes"][4] == {  # type: ignore[index]
+    v3 = problem_to_json(p)
+    assert v3["version"] == 3 and v3["nodes"][4] == {  # type: ignore[index]
         "name": "g", "op": "", "deps": [2], "backward": True, "size": 8, "time": 0.0, "flops": 0.0,
-        "recomputable": True, "offloadable": True, "resident": False, "keep": False,
+        "recomputable": True, "offloadable": True, "resident": False, "keep": False, "returned": False,
         "overwrites": 2, "overwrites_copies": ["forward"]}
-    assert v2["nodes"][2]["unstored"] == ["forward", "recomputed"]  # type: ignore[index]
-    assert_same(problem_from_json(v2), p)
+    assert v3["nodes"][2]["unstored"] == ["forward", "recomputed"]  # type: ignore[index]
+    assert_same(problem_from_json(v3), p)
+
+
+def test_a_version_2_file_has_no_returned_node_and_a_version_3_one_may() -> None:
+    """Version 3 added ``returned``: a version-2 file reads as the same problem with none,
+    rejects the key, and a returned node round-trips through version 3."""
+    nodes = [{"name": "x", "size": 4}, {"name": "logits", "deps": [0], "size": 8},
+             {"name": "loss", "deps": [1], "size": 4, "keep": True}]
+    p = problem_from_json({"format": "rematc.problem", "version": 2, "nodes": nodes})
+    assert not any(n.returned for n in p.nodes)
+    with pytest.raises(ProblemError, match=r"^nodes\[1\]: unknown key 'returned'"):
+        problem_from_json({"format": "rematc.problem", "version": 2,
+                           "nodes": [nodes[0], {**nodes[1], "returned": True}, nodes[2]]})
+    returned = problem_from_json({"format": "rematc.problem", "version": 3,
+                                  "nodes": [nodes[0], {**nodes[1], "returned": True}, nodes[2]]})
+    assert returned.nodes[1].returned
+    assert_same(problem_from_json(problem_to_json(returned)), returned)
 
 
 def test_saved_file_lists_one_node_per_line(tmp_path: Path) -> None:
@@ -197,7 +213,7 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("no format", edit(lambda d: d.pop("format")), r'^format: missing; expected "format": "rematc.problem"$'),
     ("wrong format", edit(lambda d: d.update(format="rematc.plan")), r"^format: expected 'rematc.problem', got 'rematc.plan'$"),
     ("no version", edit(lambda d: d.pop("version")), r"^version: missing"),
-    ("future version", edit(lambda d: d.update(version=3)), r"^version: 3 is not supported; this reader understands version 1 and 2$"),
+    ("future version", edit(lambda d: d.update(version=4)), r"^version: 4 is not supported; this reader understands versions 1, 2 and 3$"),
     ("version as text", edit(lambda d: d.update(version="1")), r"^version: expected an int, got '1'$"),
     ("version as bool", edit(lambda d: d.update(version=True)), r"^version: expected an int, got True$"),
     ("unknown top-level key", edit(lambda d: d.update(budjet=3)), r"^the top level: unknown key 'budjet'; did you mean 'budget'\?$"),
@@ -216,7 +232,7 @@ MALFORMED: list[tuple[str, object, str]] = [
      r"^nodes\[3\]\.unstored: expected a list of copies among \['forward', 'recomputed', 'reloaded'\], got 1$"),
     ("unknown copy", edit(set_node(3, "overwrites_copies", ["saved"])),
      r"^nodes\[3\]\.overwrites_copies: expected a list of copies among .*, got \['saved'\]$"),
-    ("a version-1 key in version 2", edit(set_node(3, "inline", True)), r"^nodes\[3\]: unknown key 'inline'"),
+    ("a version-1 key in version 3", edit(set_node(3, "inline", True)), r"^nodes\[3\]: unknown key 'inline'"),
     ("v1 inline not a bool", edit(lambda d: (d.update(version=1), d["nodes"][3].update(inline=1))),  # type: ignore[index]
      r"^nodes\[3\]\.inline: expected true or false, got 1$"),
     ("v1 reuses_recomputed not a bool", edit(lambda d: (d.update(version=1), d["nodes"][3].update(reuses_recomputed="no"))),  # type: ignore[index]

@@ -1,0 +1,133 @@
+"""``outputs="dropped"``: a step that keeps only the loss frees the model's other outputs
+(the logits) when its forward returns, and the plan counts them so; a step that still
+holds them when the backward reaches their graph stops there."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import rematc
+from rematc.memory import profiler_peak
+from tests.helpers import infeasible_cause, tiny_llama
+
+pytest.importorskip("transformers")
+
+LAYERS = 4
+IDS = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))
+LOGITS = 2 * 32 * 128 * 4  # batch x sequence x vocabulary x 4 B
+# A budget between the smallest each count states for the tests' Llama compiled whole on
+# the eager route: 769,176 B with the logits freed as the forward returns, 801,944 B with
+# them kept to the step's end (the logits' bytes apart).
+BETWEEN = 785_000
+# What runs outside the graph: the loss's implicit gradient.
+OUTSIDE = 16
+
+
+def loss_only(model: nn.Module) -> torch.Tensor:
+    loss: torch.Tensor = model(input_ids=IDS, labels=IDS).loss
+    loss.backward()
+    return loss
+
+
+def outputs_held(model: nn.Module) -> torch.Tensor:
+    out = model(input_ids=IDS, labels=IDS)
+    out.loss.backward()
+    return out.loss  # type: ignore[no-any-return]
+
+
+def compiled(outputs: str, budget: object) -> tuple[nn.Module, nn.Module]:
+    torch._dynamo.reset()
+    rematc.clear_records()
+    model = tiny_llama(LAYERS)
+    return model, rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, outputs=outputs)
+
+
+def smallest_stated(outputs: str) -> int:
+    _, model = compiled(outputs, 4096)
+    with pytest.raises(Exception) as info:
+        loss_only(model)
+    cause = infeasible_cause(info.value)
+    assert cause is not None and cause.min_feasible is not None, info.value
+    return cause.min_feasible
+
+
+def test_the_option_names_what_it_takes() -> None:
+    with pytest.raises(ValueError, match=r"option 'outputs' must be one of \('kept', 'dropped'\)"):
+        rematc.Options.from_mapping({"outputs": "freed"})
+
+
+def test_dropped_logits_lower_the_smallest_budget_by_their_bytes() -> None:
+    kept, dropped = smallest_stated("kept"), smallest_stated("dropped")
+    assert kept - dropped == LOGITS
+    assert dropped < BETWEEN < kept
+    model, step = compiled("dropped", dropped)  # the budget stated, used, runs within itself
+    loss_only(step)
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: loss_only(step)) <= dropped + OUTSIDE
+
+
+def test_a_budget_only_dropped_logits_fit_holds_with_eagers_gradients() -> None:
+    _, refused = compiled("kept", BETWEEN)
+    with pytest.raises(Exception) as info:
+        loss_only(refused)
+    assert infeasible_cause(info.value) is not None
+    reference = tiny_llama(LAYERS)
+    expected = loss_only(reference)
+    model, step = compiled("dropped", BETWEEN)
+    assert loss_only(step).item() == pytest.approx(expected.item(), rel=1e-6)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    [record] = rematc.records()
+    assert [d.nbytes for d in record.dropped] == [LOGITS]
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: loss_only(step))
+    assert peak <= record.step_need + OUTSIDE and record.step_need <= BETWEEN, (peak, record.step_need)
+
+
+def _held_until_backward(budget: object, run: Callable[[nn.Module], torch.Tensor]) -> None:
+    _, step = compiled("dropped", budget)
+    loss_only(step)  # compiles; the step keeps only the loss
+    run(step)
+
+
+def test_a_step_that_holds_the_logits_into_the_backward_stops_there() -> None:
+    with pytest.raises(rematc.OutputsKeptError, match=rf"held {LOGITS} B of its outputs .* outputs='kept'"):
+        _held_until_backward(BETWEEN, outputs_held)
+
+
+def test_under_a_fraction_it_warns_once_and_runs() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _held_until_backward(0.9, outputs_held)
+        _held_until_backward(0.9, loss_only)
+    kept = [w for w in caught if issubclass(w.category, rematc.OutputsKeptWarning)]
+    assert len(kept) == 1, [str(w.message) for w in caught]
+
+
+def test_a_graph_without_a_loss_keeps_its_outputs() -> None:
+    """Where the graph returns no loss, the caller computes one from what it returns and
+    holds that: nothing is dropped."""
+    torch._dynamo.reset()
+    rematc.clear_records()
+    net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    step = rematc.compile(net, budget=0.9, compiler="eager", cache_dir=None, outputs="dropped")
+    step(torch.randn(32, 64)).square().mean().backward()
+    assert [r.dropped for r in rematc.records()] == [()]
+    assert not any(n.returned for n in rematc.records()[0].problem.nodes)
+
+
+def test_regionally_the_loss_heads_logits_are_dropped_and_watched() -> None:
+    torch._dynamo.reset()
+    rematc.clear_records()
+    model = tiny_llama(LAYERS)
+    step = rematc.compile(model, budget=900_000, compiler="eager", cache_dir=None, regions=True,
+                          outputs="dropped")
+    loss_only(step)
+    assert [d.nbytes for r in rematc.records() for d in r.dropped] == [LOGITS]
+    with pytest.raises(rematc.OutputsKeptError):
+        outputs_held(step)
