@@ -277,7 +277,7 @@ class Backend:
             # into an earlier kernel lives through the attention backward
             # (docs/memory-model.md, the model's own activation checkpointing).
             inner = keep_plan_order(inner, when=lambda: partitioner.honours_checkpointing)
-        inner = recording_peaks(inner, partitioner.generated)
+        inner = recording_peaks(inner, partitioner.generated, dropped=lambda: partitioner.dropped_names)
         inner = stopping_at_a_mix(inner, partitioner)
         # AOTAutograd's cache would skip the partitioner: no record, and a later graph of
         # the step planned without what this one holds. Inductor's FX graph cache (the

@@ -13,9 +13,9 @@ that memory is allocated, naming the cause and the fix. A call leaves the flight
 the backward reaches it, or when its autograd graph is freed without one.
 
 A plan made for a caller that keeps only the loss (``Options.outputs="dropped"``) counts
-the graph's other outputs as freed when its forward returns. Where one of them is still
-alive when the backward reaches the call, :class:`OutputsKeptError` stops the step there,
-before the backward's memory is allocated.
+the graph's other outputs as freed when its forward returns. Where a later graph of the
+step reads one, or one is still alive when the backward reaches the call,
+:class:`OutputsKeptError` stops the step there, before that graph allocates.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ __all__ = ["Dropped", "Figures", "InFlight", "OutputsKeptError", "OutputsKeptWar
 
 # An output's dtype and shape, a symbolic size as -1 (it matches any).
 Signature = tuple[str, tuple[int, ...]]
+# Per signature counted as dropped: the weak references to the storages of the call's
+# outputs of that signature, how many may stay alive, and the bytes of one.
+Watched = list[tuple[list[StorageWeakRef], int, int]]
 
 
 class RepeatedForwardError(RuntimeError):
@@ -105,6 +108,8 @@ class InFlight:
     """The calls in flight of one backend's graphs (one compiled model)."""
 
     calls: dict[int, Call] = field(default_factory=dict)  # token -> call
+    # token -> its graph and the outputs its plan counts as freed when its forward returned
+    dropped: dict[int, tuple[str, Watched]] = field(default_factory=dict)
     tokens: itertools.count[int] = field(default_factory=itertools.count)
     warned: set[str] = field(default_factory=set)  # graphs warned about under a fraction
 
@@ -141,6 +146,29 @@ class InFlight:
             self.warned.add(worst)
             warnings.warn(message, RepeatedForwardWarning, stacklevel=4)
 
+    def reads(self, graph: str, inputs: Any, *, hard: bool = True) -> None:
+        """Raise :class:`OutputsKeptError` where ``graph`` is about to read an output of a
+        call in flight that its plan counted as freed when its forward returned: a graph
+        that returns a loss and outputs a later graph reads (under a fraction budget, warn
+        once per graph)."""
+        if not self.dropped:
+            return
+        read = {t.untyped_storage()._cdata for t in _flat(inputs) if isinstance(t, torch.Tensor)}
+        for earlier, watched in self.dropped.values():
+            if any(not ref.expired() and ref.cdata in read for refs, _, _ in watched for ref in refs):
+                self._outputs_kept(
+                    f"rematc: {graph} reads an output of {earlier} that {earlier}'s plan counted as "
+                    f"freed when its forward returned (outputs='dropped'): {earlier} returns a loss, "
+                    f"and a later graph reads its other outputs. Compile with outputs='kept'.", earlier, hard)
+                return
+
+    def _outputs_kept(self, message: str, graph: str, hard: bool) -> None:
+        if hard:
+            raise OutputsKeptError(message)
+        if graph not in self.warned:
+            self.warned.add(graph)
+            warnings.warn(message, OutputsKeptWarning, stacklevel=4)
+
     def after(self, graph: str, holds: int, outputs: Any, *, planned_calls: int = 1,
               dropped: tuple[Dropped, ...] = (), inputs: Any = (), hard: bool = True) -> None:
         """Count the call that returned ``outputs`` in flight until its backward runs or
@@ -155,9 +183,12 @@ class InFlight:
         token = next(self.tokens)
         self.calls[token] = Call(graph, holds, planned_calls)
         watched = _watch_dropped(outputs, inputs, dropped)
+        if watched:
+            self.dropped[token] = (graph, watched)
 
         def land(*_: Any) -> None:
             self.calls.pop(token, None)
+            self.dropped.pop(token, None)
 
         def check_then_land(*_: Any) -> None:
             land()
@@ -169,26 +200,16 @@ class InFlight:
                 kept = outputs_kept(watched)
             if not kept:
                 return
-            message = (
+            self._outputs_kept(
                 f"rematc: {graph}'s backward started while the step still held {kept} B of its outputs "
                 f"that its plan counted as freed when the forward returned (outputs='dropped'), so "
                 f"the step may peak that much above its plan. Keep only the loss before the backward "
-                f"(loss = model(...).loss), or compile with outputs='kept'.")
-            if hard:
-                raise OutputsKeptError(message)
-            if graph not in self.warned:
-                self.warned.add(graph)
-                warnings.warn(message, OutputsKeptWarning, stacklevel=2)
+                f"(loss = model(...).loss), or compile with outputs='kept'.", graph, hard)
 
         node.register_prehook(check_then_land if watched else land)
         # A node Python cannot refer to weakly (TypeError) is landed by its backward alone.
         with contextlib.suppress(TypeError):
             weakref.finalize(node, land)
-
-
-# Per signature counted as dropped: the weak references to the storages of the call's
-# outputs of that signature, how many may stay alive, and the bytes of one.
-Watched = list[tuple[list[StorageWeakRef], int, int]]
 
 
 def _watch_dropped(outputs: Any, inputs: Any, dropped: tuple[Dropped, ...]) -> Watched:
@@ -251,6 +272,7 @@ def watching(compiled: Callable[..., Any], flight: InFlight, graph: str,
             return compiled(*args, **kwargs)
         flight.before(graph, peak=figures.peak, budget=figures.budget,
                       planned_calls=figures.calls, hard=figures.hard)
+        flight.reads(graph, args, hard=figures.hard)
         outputs = compiled(*args, **kwargs)
         flight.after(graph, figures.holds, outputs, planned_calls=figures.calls, dropped=figures.dropped,
                      inputs=args, hard=figures.hard)

@@ -53,9 +53,13 @@ class CodePeak:
     alive: tuple[tuple[str, int], ...]  # (name, bytes) of the largest buffers alive there
 
 
-def step_peak(forward: Generated, backward: Generated, device: torch.device | str) -> CodePeak:
+def step_peak(forward: Generated, backward: Generated, device: torch.device | str,
+              dropped: frozenset[str] = frozenset()) -> CodePeak:
     """Walk ``forward`` then ``backward`` (see the module docstring). ``device`` is the
-    graphs' device: offload's host copies and other devices' buffers are not counted."""
+    graphs' device: offload's host copies and other devices' buffers are not counted.
+    The forward's outputs the backward does not read are held by the caller through the
+    backward, but those named in ``dropped`` (the caller keeps only the loss:
+    ``Options.outputs="dropped"``)."""
     kind = torch.device(device).type
     with FakeTensorMode(allow_non_fake_inputs=True):
         fw = _Walk(kind, "forward")
@@ -64,7 +68,9 @@ def step_peak(forward: Generated, backward: Generated, device: torch.device | st
         bw = _Walk(kind, "backward", created=fw.created, host=fw.host)
         args = _named("backward's inputs", _inputs, backward.graph, created=bw.created, given=by_name)
         consumed = {id(v) for v in args}
-        bw.kept = [v for v in outputs if id(v) not in consumed]  # the loss, held by the caller
+        names = _output_names(forward.graph)
+        bw.kept = [v for k, v in enumerate(outputs)  # the loss, held by the caller
+                   if id(v) not in consumed and (k >= len(names) or names[k] not in dropped)]
         bw.run(backward.source, args)
     if bw.peak >= fw.peak:
         peak, where, alive = bw.peak, f"backward: {bw.at}", bw.alive
@@ -311,11 +317,13 @@ def _call_function(source: str) -> ast.FunctionDef:
     raise ValueError("rematc: the generated module has no call function")
 
 
-def recording_peaks(inner_compile: Callable[..., Any], sink: Callable[[CodePeak], None]) -> Callable[..., Any]:
+def recording_peaks(inner_compile: Callable[..., Any], sink: Callable[[CodePeak], None], *,
+                    dropped: Callable[[], frozenset[str]] = frozenset) -> Callable[..., Any]:
     """``inner_compile`` (Inductor's ``compile_fx_inner``) that, once a backward has
     compiled, walks it with the forward compiled before it and passes the step's
-    :class:`CodePeak` to ``sink``. A graph it cannot walk is warned about once and
-    compiles as usual."""
+    :class:`CodePeak` to ``sink``; ``dropped()`` names the forward's outputs the caller
+    drops (:func:`step_peak`). A graph it cannot walk is warned about once and compiles
+    as usual."""
     forward: list[Generated] = []
 
     @functools.wraps(inner_compile)
@@ -328,7 +336,7 @@ def recording_peaks(inner_compile: Callable[..., Any], sink: Callable[[CodePeak]
             forward[:] = [Generated(source, gm)]
         elif forward:
             try:
-                peak = step_peak(forward[0], Generated(source, gm), _device_of(gm))
+                peak = step_peak(forward[0], Generated(source, gm), _device_of(gm), dropped())
             except Exception as e:  # the walk is a check: it never stops a compile
                 _warn_once(f"rematc: could not walk the generated code ({type(e).__name__}: "
                            f"{e}); the budget is not checked after compilation")

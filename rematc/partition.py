@@ -409,16 +409,18 @@ def kept_gradients(joint: fx.GraphModule, num_fwd_outputs: int, kept: Iterable[i
     return total
 
 
-def dropped_signatures(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
-                       plan: Plan) -> tuple[Dropped, ...]:
+def dropped_outputs(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
+                    plan: Plan) -> tuple[tuple[Dropped, ...], frozenset[str]]:
     """The forward's outputs ``plan`` counts as freed when the forward returns (``returned``
-    values it neither saves nor offloads), by signature, each with how many of the
-    forward's other outputs of that signature may stay alive: what the check at the
-    backward watches (:func:`rematc.calls.outputs_kept`)."""
+    values it neither saves nor offloads): by signature, each with how many of the
+    forward's other outputs of that signature may stay alive, as the check at the backward
+    watches them (:func:`rematc.calls.outputs_kept`); and by name, as the walk of the
+    generated code leaves them out of the backward (:func:`rematc.generated.step_peak`)."""
     outputs = joint.graph.output_node().args[0]
     forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
     dropped: dict[Signature, int] = {}
     others: dict[Signature, int] = {}
+    names = set()
     for o in forward:
         val = o.meta.get("val") if isinstance(o, fx.Node) else None
         if not isinstance(val, torch.Tensor):
@@ -428,9 +430,10 @@ def dropped_signatures(joint: fx.GraphModule, num_fwd_outputs: int, captured: Ca
         if (v is not None and captured.problem.nodes[v].returned
                 and plan.decisions.get(v) not in (Decision.SAVE, Decision.OFFLOAD)):
             dropped[sig] = int(optimization_hint(val.numel())) * val.element_size()
+            names.add(o.name)
         else:
             others[sig] = others.get(sig, 0) + 1
-    return tuple(Dropped(sig, others.get(sig, 0), nbytes) for sig, nbytes in dropped.items())
+    return tuple(Dropped(sig, others.get(sig, 0), nbytes) for sig, nbytes in dropped.items()), frozenset(names)
 
 
 def holds_after_forward(problem: Problem, report: Report) -> int:
@@ -554,6 +557,9 @@ class RematPartitioner(CustomPartitionerFn):
         self.mixes = False
         self.mix: Mixed | None = None
         self.fixed: Plan | None = None
+        # Names of the forward's outputs the last plan counts as freed when the forward
+        # returns (Options.outputs="dropped"): the walk of the generated code drops them too.
+        self.dropped_names: frozenset[str] = frozenset()
         # Set by the backend: the indices of the graph's inputs that are leaf tensors
         # requiring grad, whose gradients (in ``.grad``) stay alive to the step's end like
         # the parameters' (:func:`kept_gradients`). Dynamo's inputs are the caller's own
@@ -936,6 +942,7 @@ class RematPartitioner(CustomPartitionerFn):
         if overrides:
             log.info("rematc: the plan keeps %d of the %d values the model's checkpointing "
                      "recomputes (%s)", len(overrides), len(checkpointed), ", ".join(overrides[:8]))
+        dropped, self.dropped_names = dropped_outputs(joint, num_fwd_outputs, captured, result.plan)
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:
@@ -954,7 +961,7 @@ class RematPartitioner(CustomPartitionerFn):
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze, step_need=held + after + aside + need,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
-            dropped=dropped_signatures(joint, num_fwd_outputs, captured, result.plan),
+            dropped=dropped,
         )
         _RECORDS.append(record)
         self.record = record

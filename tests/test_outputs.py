@@ -26,6 +26,10 @@ LOGITS = 2 * 32 * 128 * 4  # batch x sequence x vocabulary x 4 B
 BETWEEN = 785_000
 # What runs outside the graph: the loss's implicit gradient.
 OUTSIDE = 16
+# Under Inductor: a budget between the two counts' smallest (measured below), and the
+# fraction the measured peak may exceed it by (kernels' workspaces the model does not see).
+INDUCTOR_BUDGET = 785_000
+PEAK_TOLERANCE = 0.05
 
 
 def loss_only(model: nn.Module) -> torch.Tensor:
@@ -40,11 +44,11 @@ def outputs_held(model: nn.Module) -> torch.Tensor:
     return out.loss  # type: ignore[no-any-return]
 
 
-def compiled(outputs: str, budget: object) -> tuple[nn.Module, nn.Module]:
+def compiled(outputs: str, budget: object, compiler: str = "eager") -> tuple[nn.Module, nn.Module]:
     torch._dynamo.reset()
     rematc.clear_records()
     model = tiny_llama(LAYERS)
-    return model, rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, outputs=outputs)
+    return model, rematc.compile(model, budget=budget, compiler=compiler, cache_dir=None, outputs=outputs)
 
 
 def smallest_stated(outputs: str) -> int:
@@ -131,3 +135,39 @@ def test_regionally_the_loss_heads_logits_are_dropped_and_watched() -> None:
     assert [d.nbytes for r in rematc.records() for d in r.dropped] == [LOGITS]
     with pytest.raises(rematc.OutputsKeptError):
         outputs_held(step)
+
+
+def test_under_inductor_the_walk_of_the_generated_code_drops_the_logits_too() -> None:
+    """The check after compilation walks the generated code (rematc.generated) with the
+    dropped logits left out of the backward, as the plan counts them: at a budget only
+    dropped logits fit, the code's peak is within it, no re-plan, and the step measures
+    within it (beside kernels' workspaces, as tests/test_measured_peak.py allows)."""
+    model, step = compiled("dropped", INDUCTOR_BUDGET, compiler="inductor")
+    loss_only(step)
+    [record] = rematc.records()
+    assert [d.nbytes for d in record.dropped] == [LOGITS]
+    assert record.generated_peak is not None and record.generated_peak <= INDUCTOR_BUDGET
+    assert record.squeezed == 0
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: loss_only(step)) <= INDUCTOR_BUDGET * (1 + PEAK_TOLERANCE)
+
+
+def test_a_later_graph_that_reads_a_dropped_output_stops_the_step() -> None:
+    """A graph that returns a loss and an output a later graph reads (after a graph
+    break): under outputs="dropped" that output was counted freed when the first graph's
+    forward returned (its backward does not read it, so no plan saves it), so the second
+    graph's call stops."""
+    torch._dynamo.reset()
+    rematc.clear_records()
+    w = torch.randn(64, 64, requires_grad=True)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        h = (x @ w) * 2  # the first backward reads neither h nor its parts: not saved
+        aux = h.mean()
+        torch._dynamo.graph_break()
+        return aux + (h @ w).sum()
+
+    compiled = torch.compile(step, backend="rematc",
+                             options={"budget": "1GiB", "compiler": "eager", "cache_dir": None, "outputs": "dropped"})
+    with pytest.raises(rematc.OutputsKeptError, match="reads an output of graph 0 of frame 0"):
+        compiled(torch.randn(32, 64))
