@@ -45,6 +45,7 @@ from rematc.partition import (
     drop_record,
     graph_name,
     keep_in_hand,
+    returned_bytes,
 )
 from rematc.regions import (
     block_calls,
@@ -109,6 +110,13 @@ class Backend:
                 compiled = None
         else:
             compiled = _eager(gm, example_inputs, partitioner)
+        if partitioner.record is None and options.budget is not None and options.budget.nbytes is not None:
+            # An inference graph (no output requires grad, so nothing was partitioned or
+            # planned): what it returns may stay alive through the step, held by the
+            # later graphs' saved values (a rotary embedding's cos and sin under no_grad).
+            key = self.share.graph()
+            if key is not None:
+                self.share.outside[key] = returned_bytes(gm) * (calls or 1)
         if partitioner.mix is not None:
             return self._mixed(gm, example_inputs, partitioner, compiled)
         assert compiled is not None

@@ -40,6 +40,7 @@ from rematc._torch_compat import (
     fx_graph_cse,
     get_hash_for_files,
     optimization_hint,
+    tree_leaves,
 )
 from rematc.annotate import NodeCost, annotate, transient_scratch
 from rematc.calls import Dropped, Signature, signature
@@ -226,6 +227,9 @@ class BudgetShare:
     lasting: dict[GraphKey, int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # compile id -> graphs so far
     seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (frame, graph) -> order
+    # graph -> bytes an inference graph of the step returns (no partition, no plan: a
+    # rotary embedding's cos and sin under no_grad), alive while the later graphs run
+    outside: dict[GraphKey, int] = field(default_factory=dict)
     warned: bool = False
     # What each graph of the step needs at its least, in execution order, when a survey of
     # the step has said (rematc.regions.survey); empty otherwise.
@@ -271,9 +275,12 @@ class BudgetShare:
         return sum(need.calls * need.grads for need in self.needs[k + 1:])
 
     def held_before(self, graph: GraphKey | None) -> int:
+        """Bytes the graphs before ``graph`` hold when its forward starts: what their plans
+        hold after their forwards, and what the inference graphs among them returned."""
         if graph is None:
             return 0
-        return sum(b for g, b in self.holds.items() if g < graph)
+        return (sum(b for g, b in self.holds.items() if g < graph)
+                + sum(b for g, b in self.outside.items() if g < graph))
 
     def smallest_step_budget(self, graph: GraphKey | None, least: int,
                              options: Options) -> int | None:
@@ -286,8 +293,9 @@ class BudgetShare:
         (:func:`keep_in_hand`), so asking for the figure gets the same ones."""
         earlier = sorted(g for g in self.problems if graph is not None and g < graph)
         step = self.held_before(graph) + least
+        unplanned = sum(b for g, b in self.outside.items() if graph is not None and g < graph)
         for _ in range(MAX_STEP_ROUNDS):
-            held, needed = 0, 0
+            held, needed = unplanned, 0
             for g in earlier:
                 # What the later graphs keep to the step's end, where a plan of the step
                 # found it (lasting_after), is off an earlier graph's budget when planned.
@@ -434,6 +442,22 @@ def dropped_outputs(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captu
         else:
             others[sig] = others.get(sig, 0) + 1
     return tuple(Dropped(sig, others.get(sig, 0), nbytes) for sig, nbytes in dropped.items()), frozenset(names)
+
+
+def returned_bytes(gm: fx.GraphModule) -> int:
+    """Bytes of the storages ``gm`` (a Dynamo graph, before AOTAutograd) returns that none
+    of its inputs owns: what its outputs hold beyond its inputs, each storage once."""
+    def storage(node: Any) -> Any:
+        val = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+        return val.untyped_storage() if isinstance(val, torch.Tensor) else None
+
+    inputs = {s._cdata for n in gm.graph.find_nodes(op="placeholder") if (s := storage(n)) is not None}
+    out: dict[int, int] = {}
+    for node in tree_leaves(gm.graph.output_node().args):
+        s = storage(node)
+        if s is not None and s._cdata not in inputs:
+            out[s._cdata] = int(optimization_hint(s.nbytes()))
+    return sum(out.values())
 
 
 def holds_after_forward(problem: Problem, report: Report) -> int:

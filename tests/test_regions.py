@@ -298,3 +298,19 @@ def test_a_model_compiled_before_in_the_process_leaves_the_step_in_order() -> No
     after = _regional_records(budget)
     assert after == fresh
     assert [order for order, *_ in after] == sorted(order for order, *_ in after)
+
+
+def test_what_an_inference_graph_returns_is_held_before_the_blocks() -> None:
+    """transformers' rotary embedding runs under no_grad: an inference graph of the step,
+    which nothing partitions or plans. Its cos and sin stay alive while every block holds
+    them, so they are held before the blocks, beside the first graph's plan
+    (``BudgetShare.outside``); on the 32-layer Llama of bench/regions.py they took the
+    measured step 37,184 B over its budget."""
+    torch._dynamo.reset()
+    rematc.clear_records()
+    model = llama()
+    step(rematc.compile(model, budget="1GiB", compiler="eager", cache_dir=None, regions=True))
+    config = model.config  # type: ignore[union-attr]
+    rotary = 2 * IDS.shape[1] * (config.hidden_size // config.num_attention_heads) * 4  # cos, sin
+    first, block = sorted((r for r in rematc.records() if r.graph is not None), key=lambda r: r.graph)[:2]
+    assert block.calls == LAYERS and block.held_before == first.holds + rotary
