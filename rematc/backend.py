@@ -110,7 +110,7 @@ class Backend:
                 compiled = None
         else:
             compiled = _eager(gm, example_inputs, partitioner)
-        if partitioner.record is None and options.budget is not None and options.budget.nbytes is not None:
+        if partitioner.record is None:
             # An inference graph (no output requires grad, so nothing was partitioned or
             # planned): what it returns may stay alive through the step, held by the
             # later graphs' saved values (a rotary embedding's cos and sin under no_grad).
@@ -569,12 +569,14 @@ def _survey_first_call(compiled: torch.nn.Module, model: torch.nn.Module, backen
     (:func:`rematc.regions.survey`) so that its graphs are planned leaving room for the
     ones after them. A survey that fails is logged and the step planned without it."""
 
+    def compile_twin(twin: torch.nn.Module, options: Options) -> tuple[Callable[..., Any], BudgetShare]:
+        surveying = Backend(options, regions=True)
+        return torch.compile(twin, backend=surveying), surveying.share
+
     def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         handle.remove()
         try:
-            backend.share.needs = cached_survey(
-                model, args, kwargs, backend.options,
-                lambda twin, options: torch.compile(twin, backend=Backend(options, regions=True)))
+            backend.share.needs = cached_survey(model, args, kwargs, backend.options, compile_twin)
         except Exception as e:  # the survey only improves the plans: never stop the step for it
             log.warning("rematc: could not survey the step on meta tensors (%s: %s); each graph is "
                         "planned without room kept for the graphs after it", type(e).__name__, e)

@@ -198,6 +198,9 @@ class Need(NamedTuple):
     peak: int  # bytes: its least peak, one call
     holds: int  # bytes that plan holds after its forward, one call
     grads: int  # bytes of gradients its backward keeps, one call
+    # bytes the inference graphs between the graph before it and it return, alive from
+    # then on (BudgetShare.outside)
+    before: int = 0
 
 
 class GraphKey(NamedTuple):
@@ -253,13 +256,15 @@ class BudgetShare:
         order among those recorded. For each later graph j: its least peak, its other
         calls' saved values or gradients (the larger), the gradients of the graphs after j
         (alive while j's backward runs), and what the graphs between hold at their
-        least-peak plans; the largest of those."""
+        least-peak plans, and what the inference graphs before j return; the largest of
+        those."""
         if graph is None or not self.needs:
             return 0
         k = sum(1 for g in self.holds if g < graph)
         later = self.needs[k + 1:]
         reserve, between = 0, 0
         for j, need in enumerate(later):
+            between += need.before
             grads_after = sum(n.calls * n.grads for n in later[j + 1:])
             reserve = max(reserve, between + need.peak + (need.calls - 1) * max(need.holds, need.grads)
                           + grads_after)

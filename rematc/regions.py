@@ -38,7 +38,7 @@ from rematc import plancache
 from rematc._torch_compat import tree_leaves, tree_map
 from rematc.onmeta import flash_attention, losses_written_out, none_packed, packed_check_replaced
 from rematc.options import Options
-from rematc.partition import Need, holds_after_forward, tier
+from rematc.partition import BudgetShare, Need, holds_after_forward, tier
 from solvers import InfeasibleBudgetError, Plan, Problem, check
 from solvers.baselines import holding_ladder, recompute_every
 from solvers.mix import need
@@ -51,6 +51,9 @@ __all__ = ["block_calls", "block_index", "cached_survey", "mark_regions", "packe
 _BLOCK: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("rematc_block", default=None)
 # The attribute a marked block keeps its own forward under.
 _MARK = "_rematc_region_forward"
+# Compiles a model's meta twin regionally with rematc's backend: the compiled twin and
+# that backend's budget share.
+CompileTwin = Callable[[nn.Module, Options], tuple[Callable[..., Any], BudgetShare]]
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
@@ -174,14 +177,16 @@ def within_packed_check_eager(compiled: nn.Module) -> None:
 
 
 def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,
-           compile_twin: Callable[[nn.Module, Options], Callable[..., Any]]) -> tuple[Need, ...]:
+           compile_twin: CompileTwin) -> tuple[Need, ...]:
     """What each graph of one regional step of ``model(*args, **kwargs)`` needs at its
     least, in execution order: a twin of ``model`` on ``meta`` tensors (no memory, no
     data) is compiled regionally on the eager route and run through its backward, and
     each graph's least-peak plan is found. The real compile then plans each graph with
     room left for the graphs after it (:meth:`BudgetShare.reserve_after`): a block
     compiled before the loss head would otherwise take all of the budget.
-    ``compile_twin(twin, options)`` compiles the twin regionally with rematc's backend."""
+    ``compile_twin(twin, options)`` compiles the twin regionally with rematc's backend and
+    returns it with that backend's budget share, which says what the step's inference
+    graphs return (``Need.before``)."""
     from rematc.partition import _RECORDS, plan_for
 
     twin = _meta_twin(model)
@@ -191,14 +196,18 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
                                 calls=1)
     before = len(_RECORDS)
     with losses_written_out(), flash_attention(), packed_check_eager(on_meta=True):
-        compiled = compile_twin(twin, quiet)
+        compiled, share = compile_twin(twin, quiet)
         loss = _loss_of(compiled(*meta[0], **meta[1]))
         loss.backward()
     records = list(_RECORDS)[before:]
     for _ in records:  # the survey's records are not the user's
         _RECORDS.pop()
     needs = []
+    last = -1  # the order of the graph before
     for record in sorted(records, key=lambda r: -1 if r.graph is None else r.graph.order):
+        order = -1 if record.graph is None else record.graph.order
+        between = sum(b for g, b in share.outside.items() if last < g.order < order)
+        last = order
         free = record.problem.with_budget(None)
         if record.calls > 1:
             # A graph of several calls is counted at the plan, of those the real graph's
@@ -219,7 +228,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
         report = check(free, least or record.plan)
         needs.append(Need(calls=record.calls, peak=report.peak,
                           holds=holds_after_forward(record.problem, report),
-                          grads=record.grads))
+                          grads=record.grads, before=between))
     return tuple(needs)
 
 
@@ -229,7 +238,7 @@ def _calls_need(free: Problem, calls: int, grads: int, plan: Plan) -> int:
 
 
 def cached_survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,
-                  compile_twin: Callable[[nn.Module, Options], Callable[..., Any]]) -> tuple[Need, ...]:
+                  compile_twin: CompileTwin) -> tuple[Need, ...]:
     """:func:`survey`, read from the plan cache where an earlier run of the same model,
     inputs' shapes and options stored it (it costs a Dynamo trace of the model), and
     stored there otherwise."""
@@ -255,7 +264,7 @@ def _survey_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         return repr(t)
 
     material = {
-        "format": "rematc.survey/2",
+        "format": "rematc.survey/3",
         "model": type(model).__qualname__,
         "state": [[name, *describe(t)] for name, t in (*model.named_parameters(), *model.named_buffers())],
         "inputs": [describe(t) for t in tree_leaves((args, kwargs))],

@@ -189,6 +189,17 @@ def nodes_of(doc: Doc) -> list[dict[str, object]]:
     return nodes
 
 
+def as_version_1(i: int, key: str, value: object) -> Callable[[Doc], object]:
+    """The document as version 1 (no ``returned``, which version 3 added), node ``i``'s
+    ``key`` set to ``value``."""
+    def change(d: Doc) -> None:
+        d["version"] = 1
+        for each in nodes_of(d):
+            each.pop("returned", None)
+        nodes_of(d)[i][key] = value
+    return change
+
+
 def set_node(i: int, key: str, value: object) -> Callable[[Doc], object]:
     return lambda d: nodes_of(d)[i].__setitem__(key, value)
 
@@ -233,9 +244,9 @@ MALFORMED: list[tuple[str, object, str]] = [
     ("unknown copy", edit(set_node(3, "overwrites_copies", ["saved"])),
      r"^nodes\[3\]\.overwrites_copies: expected a list of copies among .*, got \['saved'\]$"),
     ("a version-1 key in version 3", edit(set_node(3, "inline", True)), r"^nodes\[3\]: unknown key 'inline'"),
-    ("v1 inline not a bool", edit(lambda d: (d.update(version=1), d["nodes"][3].update(inline=1))),  # type: ignore[index]
+    ("v1 inline not a bool", edit(as_version_1(3, "inline", 1)),
      r"^nodes\[3\]\.inline: expected true or false, got 1$"),
-    ("v1 reuses_recomputed not a bool", edit(lambda d: (d.update(version=1), d["nodes"][3].update(reuses_recomputed="no"))),  # type: ignore[index]
+    ("v1 reuses_recomputed not a bool", edit(as_version_1(3, "reuses_recomputed", "no")),
      r"^nodes\[3\]\.reuses_recomputed: expected true or false, got 'no'$"),
     ("fractional size", edit(set_node(3, "size", 4.0)), r"^nodes\[3\]\.size: .* got 4\.0$"),
     ("bool size", edit(set_node(3, "size", True)), r"^nodes\[3\]\.size: .* got True$"),
