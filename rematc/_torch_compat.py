@@ -108,6 +108,7 @@ __all__ = [
     "raise_getitems",
     "reordering_to_mimic_autograd_engine",
     "sizes_at",
+    "storage_key",
     "tree_leaves",
     "tree_map",
     "tree_map_only",
@@ -128,6 +129,13 @@ _optimization_hint = getattr(_symbolic_shapes, "optimization_hint", _optimizatio
 # Shape environments read at other sizes (:func:`sizes_at`): id -> each expression's value
 # there, as a graph repeats the same few size expressions in every layer.
 _RESIZED: dict[int, dict[tuple[Any, int | None], int]] = {}
+
+
+def storage_key(storage: Any) -> int:
+    """What identifies ``storage`` (an untyped storage, real or fake) while it lives: the
+    address of its implementation, which every tensor viewing it shares and which
+    ``StorageWeakRef.cdata`` holds."""
+    return int(storage._cdata)
 
 
 def optimization_hint(a: Any, fallback: int | None = None) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rematc._torch_compat import StorageWeakRef
+from rematc._torch_compat import StorageWeakRef, storage_key
 
 __all__ = ["Dropped", "Figures", "InFlight", "OutputsKeptError", "OutputsKeptWarning", "RepeatedForwardError",
            "RepeatedForwardWarning", "signature", "watching"]
@@ -153,9 +153,11 @@ class InFlight:
         once per graph)."""
         if not self.dropped:
             return
-        read = {t.untyped_storage()._cdata for t in _flat(inputs) if isinstance(t, torch.Tensor)}
+        read = {storage_key(t.untyped_storage()) for t in _flat(inputs) if isinstance(t, torch.Tensor)}
         for earlier, watched in self.dropped.values():
-            if any(not ref.expired() and ref.cdata in read for refs, _, _ in watched for ref in refs):
+            # a signature the graph also returns kept outputs of cannot tell them apart
+            if any(not ref.expired() and ref.cdata in read
+                   for refs, others, _ in watched if not others for ref in refs):
                 self._outputs_kept(
                     f"rematc: {graph} reads an output of {earlier} that {earlier}'s plan counted as "
                     f"freed when its forward returned (outputs='dropped'): {earlier} returns a loss, "

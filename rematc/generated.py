@@ -27,7 +27,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from rematc._torch_compat import FakeTensorMode, inductor_extern_kernels, optimization_hint
+from rematc._torch_compat import (
+    FakeTensorMode,
+    inductor_extern_kernels,
+    optimization_hint,
+    storage_key,
+)
 from rematc.annotate import measured_workspace
 
 __all__ = ["CodePeak", "Generated", "GeneratedCodeWarning", "WalkError", "recording_peaks", "step_peak"]
@@ -135,7 +140,7 @@ def _inputs(gm: fx.GraphModule, *, created: dict[int, Any] | None,
 
 
 def _key(t: torch.Tensor) -> int:
-    return int(t.untyped_storage()._cdata)
+    return storage_key(t.untyped_storage())
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

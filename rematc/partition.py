@@ -40,6 +40,7 @@ from rematc._torch_compat import (
     fx_graph_cse,
     get_hash_for_files,
     optimization_hint,
+    storage_key,
     tree_leaves,
 )
 from rematc.annotate import NodeCost, annotate, transient_scratch
@@ -456,12 +457,12 @@ def returned_bytes(gm: fx.GraphModule) -> int:
         val = node.meta.get("example_value") if isinstance(node, fx.Node) else None
         return val.untyped_storage() if isinstance(val, torch.Tensor) else None
 
-    inputs = {s._cdata for n in gm.graph.find_nodes(op="placeholder") if (s := storage(n)) is not None}
+    inputs = {storage_key(s) for n in gm.graph.find_nodes(op="placeholder") if (s := storage(n)) is not None}
     out: dict[int, int] = {}
     for node in tree_leaves(gm.graph.output_node().args):
         s = storage(node)
-        if s is not None and s._cdata not in inputs:
-            out[s._cdata] = int(optimization_hint(s.nbytes()))
+        if s is not None and storage_key(s) not in inputs:
+            out[storage_key(s)] = int(optimization_hint(s.nbytes()))
     return sum(out.values())
 
 
