@@ -219,15 +219,15 @@ def _watch_dropped(outputs: Any, inputs: Any, dropped: tuple[Dropped, ...]) -> W
     each; not those of the call's ``inputs``, which the step holds anyway)."""
     if not dropped:
         return []
-    held = {t.untyped_storage().data_ptr() for t in _flat(inputs) if isinstance(t, torch.Tensor)}
+    held = {storage_key(t.untyped_storage()) for t in _flat(inputs) if isinstance(t, torch.Tensor)}
     tensors = [t for t in _flat(outputs) if isinstance(t, torch.Tensor) and t.dim() > 0]
     watched: Watched = []
     for d in dropped:
         refs, seen = [], set()
         for t in tensors:
-            ptr = t.untyped_storage().data_ptr()
-            if _matches(t, d.signature) and ptr not in held and ptr not in seen:
-                seen.add(ptr)
+            key = storage_key(t.untyped_storage())
+            if _matches(t, d.signature) and key not in held and key not in seen:
+                seen.add(key)
                 refs.append(StorageWeakRef(t.untyped_storage()))
         watched.append((refs, d.others, d.nbytes))
     return watched

@@ -285,8 +285,11 @@ class BudgetShare:
         hold after their forwards, and what the inference graphs among them returned."""
         if graph is None:
             return 0
-        return (sum(b for g, b in self.holds.items() if g < graph)
-                + sum(b for g, b in self.outside.items() if g < graph))
+        return sum(b for g, b in self.holds.items() if g < graph) + self.returned_before(graph)
+
+    def returned_before(self, graph: GraphKey | None) -> int:
+        """Bytes the inference graphs before ``graph`` returned (:attr:`outside`)."""
+        return sum(b for g, b in self.outside.items() if graph is not None and g < graph)
 
     def smallest_step_budget(self, graph: GraphKey | None, least: int,
                              options: Options) -> int | None:
@@ -299,9 +302,8 @@ class BudgetShare:
         (:func:`keep_in_hand`), so asking for the figure gets the same ones."""
         earlier = sorted(g for g in self.problems if graph is not None and g < graph)
         step = self.held_before(graph) + least
-        unplanned = sum(b for g, b in self.outside.items() if graph is not None and g < graph)
         for _ in range(MAX_STEP_ROUNDS):
-            held, needed = unplanned, 0
+            held, needed = self.returned_before(graph), 0
             for g in earlier:
                 # What the later graphs keep to the step's end, where a plan of the step
                 # found it (lasting_after), is off an earlier graph's budget when planned.
@@ -423,18 +425,18 @@ def kept_gradients(joint: fx.GraphModule, num_fwd_outputs: int, kept: Iterable[i
     return total
 
 
-def dropped_outputs(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
-                    plan: Plan) -> tuple[tuple[Dropped, ...], frozenset[str]]:
-    """The forward's outputs ``plan`` counts as freed when the forward returns (``returned``
-    values it neither saves nor offloads): by signature, each with how many of the
-    forward's other outputs of that signature may stay alive, as the check at the backward
-    watches them (:func:`rematc.calls.outputs_kept`); and by name, as the walk of the
+def freed_outputs(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
+                  plan: Plan) -> tuple[tuple[Dropped, ...], frozenset[str]]:
+    """The forward's outputs ``plan`` counts as freed when the forward returns (the
+    ``returned`` values of :func:`rematc.capture.dropped_outputs` it neither saves nor
+    offloads): by signature, each with how many of the forward's other outputs of that
+    signature may stay alive, as the check at the backward watches them (:func:`rematc.calls.outputs_kept`); and by name, as the walk of the
     generated code leaves them out of the backward (:func:`rematc.generated.step_peak`)."""
     outputs = joint.graph.output_node().args[0]
     forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
     dropped: dict[Signature, int] = {}
     others: dict[Signature, int] = {}
-    names = set()
+    names: set[str] = set()
     for o in forward:
         val = o.meta.get("val") if isinstance(o, fx.Node) else None
         if not isinstance(val, torch.Tensor):
@@ -972,7 +974,7 @@ class RematPartitioner(CustomPartitionerFn):
         if overrides:
             log.info("rematc: the plan keeps %d of the %d values the model's checkpointing "
                      "recomputes (%s)", len(overrides), len(checkpointed), ", ".join(overrides[:8]))
-        dropped, self.dropped_names = dropped_outputs(joint, num_fwd_outputs, captured, result.plan)
+        dropped, self.dropped_names = freed_outputs(joint, num_fwd_outputs, captured, result.plan)
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
         if self.options.verify:
