@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         clear_records,
         records,
     )
-    from rematc.regions import mark_regions
+    from rematc.regions import CarriedInputError, mark_regions
 
 # name -> the module that defines it (each imports torch)
 _LAZY = {
@@ -54,6 +54,7 @@ _LAZY = {
     "OutputsKeptError": "rematc.calls",
     "OutputsKeptWarning": "rematc.calls",
     "mark_regions": "rematc.regions",
+    "CarriedInputError": "rematc.regions",
     "RepeatedForwardWarning": "rematc.calls",
     "GeneratedCodeWarning": "rematc.generated",
     "InductorFallbackWarning": "rematc._torch_compat",
@@ -86,6 +87,7 @@ __all__ = [
     "Backend",
     "Budget",
     "BudgetWarning",
+    "CarriedInputError",
     "DeviceProfile",
     "DonationWarning",
     "GeneratedCodeWarning",

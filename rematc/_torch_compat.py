@@ -54,6 +54,12 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbol
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map, tree_map_only
 
+# Saved-tensor hooks pushed and popped by C functions: a frame Dynamo leaves untraced while
+# it compiles the frames it calls (rematc.regions) can set them around such a call
+# without a Python frame of its own (torch.autograd.graph.saved_tensors_hooks is one).
+push_saved_tensors_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+pop_saved_tensors_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+
 __all__ = [
     "TORCH",
     "BackendCompilerFailed",
@@ -105,6 +111,8 @@ __all__ = [
     "make_boxed_func",
     "make_channels_last_strides_for",
     "optimization_hint",
+    "pop_saved_tensors_hooks",
+    "push_saved_tensors_hooks",
     "raise_getitems",
     "reordering_to_mimic_autograd_engine",
     "sizes_at",

@@ -49,6 +49,7 @@ from rematc.partition import (
 )
 from rematc.regions import (
     block_calls,
+    block_carry,
     block_index,
     cached_survey,
     mark_regions,
@@ -103,6 +104,8 @@ class Backend:
         partitioner.leaves = leaf_inputs(example_inputs)
         # A regional block's calls are told apart by its index: they may run different plans.
         partitioner.mixes = self.regions and calls is not None and calls > 1
+        carry = block_carry() if self.regions else None
+        partitioner.carry = carry
         if options.compiler == "inductor":
             try:
                 compiled: Callable[..., Any] | None = self._inductor(gm, example_inputs, partitioner)
@@ -117,6 +120,9 @@ class Backend:
             key = self.share.graph()
             if key is not None:
                 self.share.outside[key] = returned_bytes(gm) * (calls or 1)
+        if carry is not None and partitioner.record is not None:
+            # the blocks whose inputs the plan recomputes (rematc.regions.Carry)
+            carry.recomputed = partitioner.record.inputs_recomputed
         if partitioner.mix is not None:
             return self._mixed(gm, example_inputs, partitioner, compiled)
         assert compiled is not None

@@ -43,7 +43,7 @@ from rematc._torch_compat import (
     storage_key,
     tree_leaves,
 )
-from rematc.annotate import NodeCost, annotate, transient_scratch
+from rematc.annotate import NodeCost, annotate, is_random, transient_scratch
 from rematc.calls import Dropped, Signature, signature
 from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
 from rematc.devices import DeviceProfile, profile_for
@@ -148,6 +148,11 @@ class PartitionRecord:
     # In a mix of plans for a graph's calls (:class:`Mixed`): the calls, by position in the
     # step (a regional block's index), that run this plan; () where every call runs it.
     blocks: tuple[int, ...] = ()
+    # A regional block's input (the block before's output), bytes, where a plan may
+    # recompute it (:class:`Carrying`; 0 where none may), and the number of blocks, the
+    # last, whose inputs this plan recomputes (rematc.regions.Carry).
+    carried: int = 0
+    inputs_recomputed: int = 0
     # The forward's outputs the plan counts as freed when the forward returns
     # (Options.outputs="dropped"), as the check at the backward watches them.
     dropped: tuple[Dropped, ...] = ()
@@ -202,6 +207,9 @@ class Need(NamedTuple):
     # bytes the inference graphs between the graph before it and it return, alive from
     # then on (BudgetShare.outside)
     before: int = 0
+    # bytes of one call's input its plans may recompute (all calls' but the first,
+    # PartitionRecord.carried): off what its calls hold while later graphs run
+    carried: int = 0
 
 
 class GraphKey(NamedTuple):
@@ -269,7 +277,7 @@ class BudgetShare:
             grads_after = sum(n.calls * n.grads for n in later[j + 1:])
             reserve = max(reserve, between + need.peak + (need.calls - 1) * max(need.holds, need.grads)
                           + grads_after)
-            between += need.calls * need.holds
+            between += need.calls * need.holds - (need.calls - 1) * need.carried
         return reserve
 
     def gradients_after(self, graph: GraphKey | None) -> int:
@@ -549,11 +557,38 @@ def _unbudgeted_key(problem: Problem) -> str:
     return plancache.key(problem.with_budget(None), SolverConfig())
 
 
-def _calls_key(problem: Problem, options: Options, calls: int, *, grads: int, reserve: int) -> str:
+def _calls_key(problem: Problem, options: Options, calls: int, *, grads: int, reserve: int,
+               carrying: Carrying | None = None) -> str:
     """The plan cache's key of a plan for ``calls`` calls of the graph of ``problem``
     within its budget (:meth:`RematPartitioner.room_for_calls`)."""
+    recomputing = "" if carrying is None else f":carried={carrying.carried}x{carrying.most}"
     return plancache.derived(plancache.key(problem, options.solver, options.compiler),
-                             f"calls={calls}:grads={grads}:reserve={reserve}")
+                             f"calls={calls}:grads={grads}:reserve={reserve}{recomputing}")
+
+
+class Carrying(NamedTuple):
+    """A regional block's input, where its calls' plan may recompute it from an earlier
+    call's (:class:`rematc.regions.Carry`): the last calls' inputs are then freed when
+    their forwards end and computed again, one forward each, when the backward starts."""
+
+    carried: int  # bytes of one call's input: its graph's one output, the next call's input
+    most: int  # the most calls whose input may be recomputed: all but the first
+    recompute: int  # bytes: one forward without autograd, at its peak
+    time: float  # seconds: one forward
+
+
+def fewest_recomputed(t: Tier, calls: int, room: int, *, grads: int, reserve: int,
+                      carrying: Carrying | None) -> int:
+    """The fewest calls whose inputs, recomputed, let ``calls`` calls of ``t`` fit
+    ``room`` bytes (:func:`solvers.mix.need`); ``carrying.most`` where none fit, 0 without
+    ``carrying``."""
+    if carrying is None:
+        return 0
+    for m in range(carrying.most + 1):
+        if calls_need([t], [calls], grads=grads, reserve=reserve, carried=carrying.carried, dropped=m,
+                      recompute=carrying.recompute) <= room:
+            return m
+    return carrying.most
 
 
 class GraphBreakWarning(UserWarning):
@@ -603,6 +638,10 @@ class RematPartitioner(CustomPartitionerFn):
         # sums them into a new tensor, held from the first seed to the end of the backward
         # (512 B over a 3,712 B step, before).
         self.leaves: tuple[int, ...] = ()
+        # Set by the backend for a regional block (rematc.regions.block_carry): its plan
+        # may then recompute the last blocks' inputs (:class:`Carrying`) where no plan
+        # fits otherwise.
+        self.carry: object | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RematPartitioner:
         return self
@@ -694,7 +733,8 @@ class RematPartitioner(CustomPartitionerFn):
                                     where=f"{where}with what the earlier graphs hold: ") from e
 
     def room_for_calls(self, problem: Problem, calls: int, *, known: Plan | None = None,
-                       reserve: int = 0, grads: int = 0) -> tuple[Planned, Problem]:
+                       reserve: int = 0, grads: int = 0,
+                       carrying: Carrying | None = None) -> tuple[Planned, Problem]:
         """A plan that leaves room for ``calls`` forwards of this graph in flight and for
         the graphs after it, within ``problem.budget``: its forward's peak plus ``calls - 1``
         times what it holds after its forward; its backward's peak plus ``calls - 1`` times
@@ -713,7 +753,11 @@ class RematPartitioner(CustomPartitionerFn):
         :class:`InfeasibleBudgetError` states what the one that needs least needs, with
         the plan (kept in hand by :meth:`least`, so that asking for that budget gets it).
         The plan found, and the budget it was planned at, go to the plan cache where there
-        is one, and are taken from it at the same room, calls and reserve."""
+        is one, and are taken from it at the same room, calls and reserve.
+
+        With ``carrying``, the plans' calls are counted with the fewest of the last calls'
+        inputs recomputed that fits (:func:`fewest_recomputed`), and of the last resorts
+        that fit, the fastest counts those calls' forwards run again."""
         room = problem.budget
         assert room is not None
 
@@ -721,10 +765,23 @@ class RematPartitioner(CustomPartitionerFn):
             # While this call's forward runs, each other one holds its saved values; while
             # its backward runs, each other one holds those (its backward has not run) or
             # its parameters' gradients (it has): the larger, conservatively.
-            return calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve)
+            t = tier(problem, report)
+            m = fewest_recomputed(t, calls, room, grads=grads, reserve=reserve, carrying=carrying)
+            return calls_need([t], [calls], grads=grads, reserve=reserve,
+                              carried=carrying.carried if carrying else 0, dropped=m,
+                              recompute=carrying.recompute if carrying else 0)
+
+        def again(report: Report) -> float:
+            # seconds the forwards run again to recompute the last calls' inputs, per call
+            if carrying is None:
+                return 0.0
+            m = fewest_recomputed(tier(problem, report), calls, room, grads=grads, reserve=reserve,
+                                  carrying=carrying)
+            return m * carrying.time / calls
 
         root = plancache.directory(self.options.cache_dir)
-        digest = _calls_key(problem, self.options, calls, grads=grads, reserve=reserve) if root is not None else ""
+        digest = _calls_key(problem, self.options, calls, grads=grads, reserve=reserve,
+                            carrying=carrying) if root is not None else ""
         if root is not None:
             at = plancache.load_note(root, plancache.derived(digest, "budget"))
             hit = plancache.load(root, digest, problem.with_budget(at)) if isinstance(at, int) else None
@@ -778,7 +835,7 @@ class RematPartitioner(CustomPartitionerFn):
         judged = []  # (need, added time, peak, plan)
         for plan in resorts:
             report = check(problem.with_budget(None), plan)
-            judged.append((needed(report), report.added_time, report.peak, plan))
+            judged.append((needed(report), report.added_time + again(report), report.peak, plan))
         if not judged:
             raise InfeasibleBudgetError(room, None, proven=False)
         fitting = [j for j in judged if j[0] <= room]
@@ -869,6 +926,20 @@ class RematPartitioner(CustomPartitionerFn):
                      counts=best.counts, room=room, grads=grads, reserve=reserve, time=best.time,
                      cached=cached)
 
+    def carrying(self, joint: fx.GraphModule, problem: Problem, calls: int) -> Carrying | None:
+        """How this graph's calls may recompute their inputs (:class:`Carrying`): a
+        regional block's graph (``carry``) of several calls with one output (what the next
+        block reads) and no random op (run again, it would draw anew); None otherwise."""
+        if self.carry is None or calls < 2 or any(is_random(n) for n in joint.graph.nodes):
+            return None
+        outputs = [n for n in problem.nodes[:problem.n_forward] if n.keep and not n.resident]
+        if len(outputs) != 1:
+            return None
+        free = problem.with_budget(None)
+        forward = check(free, recompute_every(free)).timeline[:problem.n_forward]
+        return Carrying(carried=outputs[0].size, most=calls - 1, recompute=max(forward, default=0),
+                        time=sum(n.time for n in problem.nodes[:problem.n_forward]))
+
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
         # only for the same budget, solver settings and code.
@@ -913,6 +984,9 @@ class RematPartitioner(CustomPartitionerFn):
         bounds = bound_dynamic_sizes(joint) if budget is not None else ()
         problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - aside))
         after = reserve = 0
+        carrying = self.carrying(joint, captured.problem, calls)
+        recomputing: Carrying | None = None
+        room_left: int | None = None
         with naming(graph_name(graph)):  # for the status line of a long plan
             try:
                 if budget is None and own is not None:
@@ -938,10 +1012,19 @@ class RematPartitioner(CustomPartitionerFn):
                         assert fixed is not None, "a plan of a mix fits one call's room"
                         planned = Planned(fixed, cached=False)
                     elif (calls > 1 or reserve) and problem.budget is not None:
-                        room = problem
-                        planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
-                                                               grads=grads)
-                        if self.mixes and calls > 1 and planned.result.plan is not None:
+                        room, room_left = problem, problem.budget
+                        try:
+                            planned, problem = self.room_for_calls(problem, calls, known=own, reserve=reserve,
+                                                                   grads=grads)
+                        except InfeasibleBudgetError:
+                            if carrying is None or budget is None:
+                                raise
+                            # No plan fits with every block's input held: recompute the
+                            # last ones' (rematc.regions.Carry).
+                            planned, problem = self.room_for_calls(room, calls, known=own, reserve=reserve,
+                                                                   grads=grads, carrying=carrying)
+                            recomputing = carrying
+                        if self.mixes and calls > 1 and planned.result.plan is not None and recomputing is None:
                             self.mix = self.mixed(room, calls, planned, reserve=reserve,
                                                   grads=grads)
                     else:
@@ -956,13 +1039,22 @@ class RematPartitioner(CustomPartitionerFn):
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
         holds = holds_after_forward(problem, report)
         mix = self.mix
+        recomputed = 0
+        if recomputing is not None and room_left is not None:
+            recomputed = fewest_recomputed(tier(problem, report), calls, room_left, grads=grads, reserve=reserve,
+                                           carrying=recomputing)
+            log.info("rematc: the inputs of the last %d of %d blocks are recomputed from an earlier one's "
+                     "(%d B each)", recomputed, calls, recomputing.carried)
+        carried = recomputing.carried if recomputing is not None else 0
         need = (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=mix.reserve)
-                if mix is not None else calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve))
+                if mix is not None else
+                calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve, carried=carried,
+                           dropped=recomputed, recompute=recomputing.recompute if recomputing is not None else 0))
         keeps = lasting(captured.problem, grads) * calls
         if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
             self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)
         backward = max(report.timeline[problem.n_forward:], default=0)
-        self.share.record(graph, holds * calls, captured.problem,  # every call's, to later graphs
+        self.share.record(graph, holds * calls - recomputed * carried, captured.problem,  # every call's
                           backward_peak=held + backward + aside + (calls - 1) * max(holds, grads), lasting=keeps)
         if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
             self.room = room_of(problem, result.plan, report.timeline,
@@ -993,7 +1085,8 @@ class RematPartitioner(CustomPartitionerFn):
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze, step_need=held + after + aside + need,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
-            dropped=dropped,
+            dropped=dropped, inputs_recomputed=recomputed,
+            carried=0 if carrying is None else carrying.carried,
         )
         _RECORDS.append(record)
         self.record = record

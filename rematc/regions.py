@@ -14,6 +14,16 @@ block keeps its saved values until its backward. The other graphs run once. Each
 knows its index while it runs (:func:`block_index`), so the blocks may run different plans
 of their graph (:meth:`rematc.partition.RematPartitioner.mixed`).
 
+Block inputs recomputed. Each block's input is the block before's output, held from its
+forward to its backward: N inputs beside whatever the model does after the blocks (a
+loss head). Where no plan of the block fits that, the plan may recompute the last blocks'
+inputs (:class:`Carry`): their forwards free them as they end (the block's graph saves a
+stand-in), and when the backward first needs one, the blocks from the last kept input on
+run forward again, eagerly and without autograd, and give them back, all at once. Every
+input is then held through the backward as before; between the forwards and the backward
+(the loss head) the last blocks' inputs are not. Blocks that draw random numbers are
+never planned so.
+
 transformers' check for packed sequences runs eagerly in a regional step
 (:func:`packed_check_eager`): the model around the blocks then builds no explicit causal
 mask, as it builds none eagerly.
@@ -25,6 +35,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 from collections.abc import Callable
@@ -35,7 +46,14 @@ import torch
 from torch import nn
 
 from rematc import plancache
-from rematc._torch_compat import tree_leaves, tree_map
+from rematc._torch_compat import (
+    StorageWeakRef,
+    pop_saved_tensors_hooks,
+    push_saved_tensors_hooks,
+    storage_key,
+    tree_leaves,
+    tree_map,
+)
 from rematc.onmeta import flash_attention, losses_written_out, none_packed, packed_check_replaced
 from rematc.options import Options
 from rematc.partition import BudgetShare, Need, holds_after_forward, tier
@@ -43,12 +61,23 @@ from solvers import InfeasibleBudgetError, Plan, Problem, check
 from solvers.baselines import holding_ladder, recompute_every
 from solvers.mix import need
 
-__all__ = ["block_calls", "block_index", "cached_survey", "mark_regions", "packed_check_eager", "repeated_blocks",
-           "survey", "within_packed_check_eager"]
+__all__ = [
+    "CarriedInputError",
+    "Carry",
+    "block_calls",
+    "block_carry",
+    "block_index",
+    "cached_survey",
+    "mark_regions",
+    "packed_check_eager",
+    "repeated_blocks",
+    "survey",
+    "within_packed_check_eager",
+]
 
-# The index of the block running now and how many blocks there are; None outside a
-# marked block.
-_BLOCK: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("rematc_block", default=None)
+# The index of the block running now, how many blocks there are and what they carry;
+# None outside a marked block.
+_BLOCK: contextvars.ContextVar[tuple[int, int, Carry] | None] = contextvars.ContextVar("rematc_block", default=None)
 # The attribute a marked block keeps its own forward under.
 _MARK = "_rematc_region_forward"
 # Compiles a model's meta twin regionally with rematc's backend: the compiled twin and
@@ -85,20 +114,36 @@ def mark_regions(model: nn.Module) -> tuple[str, int]:
             f"regions=True: {type(model).__name__} has no nn.ModuleList of two or more blocks of one "
             "class to compile on their own; compile it whole (regions=False)")
     name, blocks = found
+    carry = Carry(len(blocks))
     for index, block in enumerate(blocks):
         if _MARK not in vars(block):
             own = block.forward
             setattr(block, _MARK, own)
-            block.forward = _marked(own, index, len(blocks))
+            block.forward = _marked(own, index, carry)
     return name, len(blocks)
 
 
-def _marked(forward: Callable[..., Any], index: int, calls: int) -> Callable[..., Any]:
+def _marked(forward: Callable[..., Any], index: int, carry: Carry) -> Callable[..., Any]:
+    carry.forwards[index] = forward
+    # Every Python frame ``region`` calls is compiled unless disabled: the bookkeeping is.
+    before = torch.compiler.disable(functools.partial(carry.before, index), recursive=True)
+    after = torch.compiler.disable(functools.partial(carry.after, index), recursive=True)
+
     @functools.wraps(forward)
     def region(*args: Any, **kwargs: Any) -> Any:
-        token = _BLOCK.set((index, calls))
+        token = _BLOCK.set((index, carry.blocks, carry))
         try:
-            return forward(*args, **kwargs)
+            hooks = before(args, kwargs)
+            if hooks is None:
+                out = forward(*args, **kwargs)
+            else:
+                push_saved_tensors_hooks(*hooks)
+                try:
+                    out = forward(*args, **kwargs)
+                finally:
+                    pop_saved_tensors_hooks()
+            after(args, kwargs, out)
+            return out
         finally:
             _BLOCK.reset(token)
 
@@ -107,11 +152,217 @@ def _marked(forward: Callable[..., Any], index: int, calls: int) -> Callable[...
     return torch.compiler.disable(region, recursive=False)
 
 
+class CarriedInputError(RuntimeError):
+    """A regional step whose plan recomputes the last blocks' inputs
+    (:class:`Carry`) cannot: a block's input is not the block before's output, or an
+    input is still held elsewhere when the backward starts (its bytes are not freed)."""
+
+
+class _Box:
+    """One recomputed block input, shared by the stand-ins of its block's saved values."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+class _StandIn:
+    """What a block's graph saves in place of its input, or of a view of it: the box the
+    input comes back in, and the view's size, stride and offset (None: the input itself)."""
+
+    __slots__ = ("box", "index", "view")
+
+    def __init__(self, box: _Box, index: int, view: tuple[Any, ...] | None) -> None:
+        self.box, self.index, self.view = box, index, view
+
+
+@dataclasses.dataclass(eq=False)
+class Carry:
+    """What the blocks of one list carry from one to the next: each block's input (its
+    first tensor argument) is the output of the block before. A plan may recompute the
+    inputs of the last ``recomputed`` blocks (set by the partitioning of their graph,
+    :attr:`rematc.partition.RematPartitioner.recomputed`): each such block's graph then
+    saves a stand-in for its input, so the input is freed when the forward ends, and the
+    first time the backward reads a stand-in, the blocks from the last kept input on run
+    forward again (their own ``forward``, eagerly, without autograd, in the autocast
+    state of their first run) and every stand-in gets its input back."""
+
+    blocks: int
+    forwards: dict[int, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    eager: dict[int, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    recomputed: int = 0
+    # This step's: each block's output's storage (to check the chain), the last kept
+    # block input, the calls to run again (arguments without the input), the boxes of the
+    # recomputed inputs, and weak references to the inputs freed.
+    outputs: dict[int, int] = dataclasses.field(default_factory=dict)
+    anchor: torch.Tensor | None = None
+    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any], Any, tuple[Any, ...]]] = dataclasses.field(
+        default_factory=dict)
+    boxes: dict[int, _Box] = dataclasses.field(default_factory=dict)
+    freed: dict[int, tuple[StorageWeakRef, int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def first(self) -> int:
+        """The first block whose input is recomputed (``blocks`` where none is)."""
+        return self.blocks - self.recomputed
+
+    def before(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        """Before block ``index``'s forward: where its input is recomputed, the saved-tensor
+        hooks (pack, unpack) that save a stand-in for it; None otherwise."""
+        if index == 0:  # a new step
+            self.outputs.clear()
+            self.calls.clear()
+            self.boxes.clear()
+            self.freed.clear()
+            self.anchor = None
+        if not self.recomputed or index < self.first:
+            return None
+        _, x = _carried(args, kwargs)
+        if x is None or self.outputs.get(index - 1) != storage_key(x.untyped_storage()):
+            raise CarriedInputError(
+                f"rematc: the plan recomputes block {index}'s input from the block before's output, "
+                f"but its first tensor argument is not that output (the model changes it between "
+                f"the blocks); compile with a larger budget, or the model whole (regions=False)")
+        if x.untyped_storage().nbytes() != x.nbytes or not x.is_contiguous():
+            raise CarriedInputError(
+                f"rematc: block {index}'s input is a view of a larger storage, which the plan cannot "
+                f"free and recompute; compile with a larger budget, or the model whole (regions=False)")
+        box = self.boxes.setdefault(index, _Box())
+        self.freed[index] = (StorageWeakRef(x.untyped_storage()), x.nbytes)
+        # The hooks outlive the forward (autograd keeps the pack hook with what it saved):
+        # they know the input by its storage, not by a reference that would keep it alive.
+        within = (x.device, storage_key(x.untyped_storage()), tuple(x.shape), tuple(x.stride()))
+        return functools.partial(self._pack, within, index, box), self._unpack
+
+    def after(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """After block ``index``'s forward: note its output, and where the blocks from it
+        on run again to recompute inputs, its call (read now: the plan is made while block
+        0's forward compiles)."""
+        y = _first_tensor(out)
+        if y is not None:
+            self.outputs[index] = storage_key(y.untyped_storage())
+        spot, x = _carried(args, kwargs)
+        if self.recomputed and x is not None and self.first - 1 <= index < self.blocks - 1:
+            if index == self.first - 1:
+                self.anchor = x
+            self.calls[index] = (*_without(args, kwargs, spot), spot, _autocast_state())
+
+    def _pack(self, within: tuple[Any, ...], index: int, box: _Box, t: torch.Tensor) -> Any:
+        device, key, shape, stride = within
+        if t.device != device or storage_key(t.untyped_storage()) != key:
+            return t
+        view = None if (tuple(t.shape) == shape and tuple(t.stride()) == stride and t.storage_offset() == 0) else (
+            tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        return _StandIn(box, index, view)
+
+    def _unpack(self, saved: Any) -> torch.Tensor:
+        if not isinstance(saved, _StandIn):
+            return saved
+        if saved.box.value is None:
+            self._recompute()
+        value = saved.box.value
+        assert value is not None, "every recomputed input is given back at once"
+        return value if saved.view is None else value.as_strided(*saved.view)
+
+    def _recompute(self) -> None:
+        """Run the blocks from the last kept input on again and fill every box."""
+        held = [(i, nbytes) for i, (ref, nbytes) in self.freed.items() if not ref.expired()]
+        if held:
+            gc.collect()
+            held = [(i, nbytes) for i, (ref, nbytes) in self.freed.items() if not ref.expired()]
+        if held:
+            raise CarriedInputError(
+                f"rematc: the plan recomputes the inputs of blocks {self.first}-{self.blocks - 1} to fit the "
+                f"budget, but {len(held)} of them ({sum(n for _, n in held)} B, block {held[0][0]} the first) "
+                f"are still held when the backward starts: something else keeps them (a forward hook, "
+                f"a list of the hidden states); compile with a larger budget")
+        if self.anchor is None:
+            raise CarriedInputError("rematc: a block input to recompute from was not kept: the step ran "
+                                    "its blocks out of order")
+        x = self.anchor.detach()
+        with torch.no_grad():
+            for index in range(self.first - 1, self.blocks - 1):
+                args, kwargs, spot, autocast = self.calls[index]
+                with _autocast(autocast):
+                    args, kwargs = _with(args, kwargs, spot, x)
+                    out = self._eager(index)(*args, **kwargs)
+                y = _first_tensor(out)
+                assert y is not None
+                x = y.detach()
+                box = self.boxes.get(index + 1)
+                if box is not None:
+                    box.value = x
+        self.anchor = None
+        self.calls.clear()
+        self.boxes.clear()
+
+    def _eager(self, index: int) -> Callable[..., Any]:
+        """Block ``index``'s own forward, run eagerly (outside Dynamo)."""
+        if index not in self.eager:
+            self.eager[index] = torch.compiler.disable(self.forwards[index], recursive=True)
+        return self.eager[index]
+
+
+def _carried(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[str, Any] | None, torch.Tensor | None]:
+    """Where a block's input is among its arguments (its first tensor argument,
+    positional first), and the input; (None, None) where it has none."""
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            return ("arg", k), a
+    for name, a in kwargs.items():
+        if isinstance(a, torch.Tensor):
+            return ("kw", name), a
+    return None, None
+
+
+def _without(args: tuple[Any, ...], kwargs: dict[str, Any],
+             spot: tuple[str, Any] | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments less the block's input (None in its place)."""
+    return _with(args, kwargs, spot, None)
+
+
+def _with(args: tuple[Any, ...], kwargs: dict[str, Any], spot: tuple[str, Any] | None,
+          x: torch.Tensor | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    args, kwargs = list(args), dict(kwargs)  # type: ignore[assignment]
+    if spot is not None and spot[0] == "arg":
+        args[spot[1]] = x  # type: ignore[index]
+    elif spot is not None:
+        kwargs[spot[1]] = x
+    return tuple(args), kwargs
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    return next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+
+
+def _autocast_state() -> tuple[Any, ...]:
+    """The autocast state of the devices a block may run on."""
+    return tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                 for device in ("cpu", "cuda"))
+
+
+@contextlib.contextmanager
+def _autocast(state: tuple[Any, ...]) -> Any:
+    with contextlib.ExitStack() as stack:
+        for device, enabled, dtype in state:
+            if enabled or torch.is_autocast_enabled(device):
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+        yield
+
+
 def block_calls() -> int | None:
     """While a marked block runs (and Dynamo compiles its graph): how many blocks it
     stands for; None elsewhere."""
     block = _BLOCK.get()
     return None if block is None else block[1]
+
+
+def block_carry() -> Carry | None:
+    """While a marked block runs: what its list's blocks carry (:class:`Carry`); None
+    elsewhere."""
+    block = _BLOCK.get()
+    return None if block is None else block[2]
 
 
 def block_index() -> int | None:
@@ -228,7 +479,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
         report = check(free, least or record.plan)
         needs.append(Need(calls=record.calls, peak=report.peak,
                           holds=holds_after_forward(record.problem, report),
-                          grads=record.grads, before=between))
+                          grads=record.grads, before=between, carried=record.carried))
     return tuple(needs)
 
 
@@ -264,7 +515,7 @@ def _survey_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         return repr(t)
 
     material = {
-        "format": "rematc.survey/3",
+        "format": "rematc.survey/4",
         "model": type(model).__qualname__,
         "state": [[name, *describe(t)] for name, t in (*model.named_parameters(), *model.named_buffers())],
         "inputs": [describe(t) for t in tree_leaves((args, kwargs))],

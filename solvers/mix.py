@@ -48,17 +48,29 @@ class Mix:
     time: float
 
 
-def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserve: int = 0) -> int:
+def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserve: int = 0,
+         carried: int = 0, dropped: int = 0, recompute: int = 0) -> int:
     """Bytes the step needs for ``counts[i]`` calls of ``tiers[i]``: the largest of each
     call's forward peak beside what every other call holds, each call's backward peak
     beside the larger of every other call's saved values and its parameters' gradients
-    (``grads``), and what all calls hold beside ``reserve`` (what later graphs need)."""
-    held = sum(c * t.holds for t, c in zip(tiers, counts, strict=True))
+    (``grads``), and what all calls hold beside ``reserve`` (what later graphs need).
+
+    ``dropped`` calls' inputs (``carried`` bytes each, counted in what the call before
+    holds) are freed once their forwards end and recomputed from an earlier call's input
+    when the backward starts (:mod:`rematc.regions`, "Block inputs recomputed"): they are
+    off what all calls hold beside ``reserve``, counted while any forward runs and
+    through every backward, and their recomputation, one forward at a time peaking at
+    ``recompute`` bytes, runs beside what every call holds."""
+    assert 0 <= dropped < max(1, sum(counts)), "at least the first call's input stays"
+    full = sum(c * t.holds for t, c in zip(tiers, counts, strict=True))
+    held = full - dropped * carried
     after = sum(c * max(t.holds, grads) for t, c in zip(tiers, counts, strict=True))
     worst = held + reserve
+    if dropped:
+        worst = max(worst, full + recompute)
     for t, c in zip(tiers, counts, strict=True):
         if c > 0:
-            worst = max(worst, t.forward + held - t.holds, t.backward + after - max(t.holds, grads))
+            worst = max(worst, t.forward + full - t.holds, t.backward + after - max(t.holds, grads))
     return worst
 
 

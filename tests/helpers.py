@@ -151,15 +151,15 @@ def run_bench(module: str, *args: str, timeout: float) -> subprocess.CompletedPr
     return proc
 
 
-def tiny_llama(layers: int, *, seed: int = 0) -> nn.Module:
+def tiny_llama(layers: int, *, seed: int = 0, vocab: int = 128) -> nn.Module:
     """transformers' ``LlamaForCausalLM`` at toy sizes (hidden 64, 4 heads, 2 key/value
-    heads, vocabulary 128, no cache), random weights from ``seed``; callers skip without
-    transformers."""
+    heads, vocabulary ``vocab``, no cache), random weights from ``seed``; callers skip
+    without transformers."""
     import transformers
 
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=layers, vocab_size=128,
+                                      num_key_value_heads=2, num_hidden_layers=layers, vocab_size=vocab,
                                       max_position_embeddings=64, use_cache=False)
     model: nn.Module = transformers.LlamaForCausalLM(config)
     return model

@@ -6,6 +6,7 @@ to calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -52,6 +53,59 @@ def test_one_plan_needs_its_peak_beside_the_other_calls() -> None:
     assert need([tier], [4], grads=50) == max(150 + 300, 300 + 300, 400)
     assert need([tier], [4], grads=200) == 300 + 3 * 200
     assert need([tier], [4], reserve=500) == 4 * 100 + 500
+
+
+def simulated_with_inputs_recomputed(order: list[Tier], grads: int, *, carried: int, dropped: int,
+                                     recompute: int, reserve: int) -> int:
+    """As :func:`simulated_peak`, where each call's ``holds`` counts its output (the next
+    call's input, ``carried`` bytes) and the last ``dropped`` calls' inputs are freed once
+    those calls' forwards end: what all calls hold beside ``reserve`` (the later graphs),
+    then the inputs recomputed one forward at a time (each peaking at ``recompute``
+    beside them), then the backwards."""
+    n = len(order)
+    freed = set(range(n - 1 - dropped, n - 1))  # the calls whose outputs are recomputed
+
+    def held(calls: range, *, after: int) -> int:  # after: forwards that have ended
+        return sum(order[k].holds - (carried if k in freed and k + 1 < after else 0) for k in calls)
+
+    peak = 0
+    for i, tier in enumerate(order):
+        peak = max(peak, held(range(i), after=i) + tier.forward)
+    peak = max(peak, held(range(n), after=n) + reserve)
+    for k in sorted(freed):  # the inputs come back in order, each beside the forward making it
+        peak = max(peak, held(range(n), after=n) + carried * sum(1 for j in freed if j < k) + recompute)
+    for i in reversed(range(n)):
+        peak = max(peak, sum(t.holds for t in order[:i]) + order[i].backward + grads * (n - 1 - i))
+    return peak
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_need_with_inputs_recomputed_bounds_the_step(seed: int) -> None:
+    rng = random.Random(seed)
+    carried = rng.randrange(1, 200)
+    tiers = [dataclasses.replace(t, holds=t.holds + carried, forward=t.forward + carried,
+                                 backward=t.backward + carried) for t in (random_tier(rng) for _ in range(2))]
+    counts = [1 + rng.randrange(0, 3), rng.randrange(0, 3)]
+    calls = [t for t, c in zip(tiers, counts, strict=True) for _ in range(c)]
+    dropped = rng.randrange(0, len(calls))
+    recompute = rng.randrange(0, 1500)
+    grads, reserve = rng.randrange(0, 600), rng.randrange(0, 3000)
+    bound = need(tiers, counts, grads=grads, reserve=reserve, carried=carried, dropped=dropped,
+                 recompute=recompute)
+    for order in set(itertools.permutations(range(len(calls)))):
+        assert simulated_with_inputs_recomputed([calls[i] for i in order], grads, carried=carried,
+                                                dropped=dropped, recompute=recompute, reserve=reserve) <= bound
+
+
+def test_inputs_recomputed_come_off_what_the_calls_hold_beside_the_later_graphs() -> None:
+    tier = Tier(holds=100, forward=150, backward=300, time=1.0)
+    # the later graphs' reserve binds: three of the four inputs recomputed free 3 x 60 B
+    assert need([tier], [4], reserve=5000) == 4 * 100 + 5000
+    assert need([tier], [4], reserve=5000, carried=60, dropped=3) == 4 * 100 - 3 * 60 + 5000
+    # recomputing them runs a forward beside every call's holds, inputs given back
+    assert need([tier], [4], carried=60, dropped=3, recompute=900) == 4 * 100 + 900
+    with pytest.raises(AssertionError):  # the first call's input is what they come from
+        need([tier], [4], carried=60, dropped=4)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import rematc
+import rematc.partition
 from rematc.memory import profiler_peak
 from rematc.regions import repeated_blocks
 from tests.helpers import tiny_llama
@@ -314,3 +315,73 @@ def test_what_an_inference_graph_returns_is_held_before_the_blocks() -> None:
     rotary = 2 * IDS.shape[1] * (config.hidden_size // config.num_attention_heads) * 4  # cos, sin
     first, block = sorted((r for r in rematc.records() if r.graph is not None), key=lambda r: r.graph)[:2]
     assert block.calls == LAYERS and block.held_before == first.holds + rotary
+
+
+# A step whose loss head needs more than a block's backward beside the other blocks'
+# gradients: 8 layers, a vocabulary of 2,048 (2 MiB of logits), 32 x 16 tokens.
+HEAVY_LAYERS = 8
+HEAVY_IDS = torch.randint(0, 128, (32, 16), generator=torch.Generator().manual_seed(0))
+
+
+def heavy_llama() -> nn.Module:
+    return tiny_llama(HEAVY_LAYERS, vocab=2048)
+
+
+def heavy_step(model: nn.Module) -> torch.Tensor:
+    loss: torch.Tensor = model(input_ids=HEAVY_IDS, labels=HEAVY_IDS).loss
+    loss.backward()
+    return loss
+
+
+def _heavy_stated(budget: int) -> int:
+    """The smallest budget a regional compile of the heavy step at ``budget`` states."""
+    torch._dynamo.reset()
+    compiled = rematc.compile(heavy_llama(), budget=budget, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped")
+    with pytest.raises(Exception, match="smallest feasible budget is") as info:
+        heavy_step(compiled)
+    return int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
+
+
+def test_the_last_blocks_inputs_are_recomputed_where_no_plan_fits_them_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block holds its input from its forward to its backward, beside the loss
+    head. Where no plan of the block fits that, the last blocks' inputs are freed as
+    their forwards end and recomputed from an earlier one's when the backward starts
+    (``rematc.regions.Carry``): the smallest budget stated falls by at least one input's
+    bytes, and used, it holds when measured, with eager's loss and gradients."""
+    with monkeypatch.context() as patched:  # every input held: the budget stated before
+        patched.setattr(rematc.partition.RematPartitioner, "carrying", lambda *_: None)
+        held = _heavy_stated(5_000_000)
+    stated = _heavy_stated(5_000_000)
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference, model = heavy_llama(), heavy_llama()
+    expected = heavy_step(reference)
+    compiled = rematc.compile(model, budget=stated, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped")
+    assert heavy_step(compiled).item() == expected.item()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    [block] = [r for r in rematc.records() if r.calls == HEAVY_LAYERS]
+    assert 0 < block.inputs_recomputed < HEAVY_LAYERS and block.carried == 32 * 16 * 64 * 4
+    assert stated <= held - block.carried, (stated, held)
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: heavy_step(compiled))
+    assert peak <= stated + 32 * 16 * 64 * 4 + 16, (peak, stated)
+
+
+def test_recomputed_inputs_something_else_keeps_stop_the_step() -> None:
+    """A forward hook that keeps every block's input holds the bytes the plan counted
+    freed: the backward stops with the error, before recomputing anything."""
+    budget = _heavy_stated(5_000_000)
+    torch._dynamo.reset()
+    model = heavy_llama()
+    kept: list[Any] = []
+    for block in model.model.layers:  # type: ignore[union-attr]
+        block.register_forward_pre_hook(lambda _, args, kwargs: kept.append(kwargs.get("hidden_states", args)),
+                                        with_kwargs=True)
+    compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped")
+    with pytest.raises(rematc.CarriedInputError, match=r"inputs of blocks \d+-7 .* still held when the backward starts"):
+        heavy_step(compiled)
