@@ -120,13 +120,15 @@ class Backend:
             key = self.share.graph()
             if key is not None:
                 self.share.outside[key] = returned_bytes(gm) * (calls or 1)
-        if carry is not None and partitioner.record is not None:
-            # the blocks whose inputs the plan recomputes (rematc.regions.Carry)
-            carry.recomputed = partitioner.record.inputs_recomputed
         if partitioner.mix is not None:
-            return self._mixed(gm, example_inputs, partitioner, compiled)
+            mixed = self._mixed(gm, example_inputs, partitioner, compiled)
+            return mixed if carry is None else carry.recomputing(mixed, 0)
         assert compiled is not None
-        return self._watched(compiled, partitioner)
+        watched = self._watched(compiled, partitioner)
+        if carry is not None and partitioner.record is not None:
+            # the blocks whose inputs its plan recomputes (rematc.regions.Carry)
+            return carry.recomputing(watched, partitioner.record.inputs_recomputed)
+        return watched
 
     def _watched(self, compiled: Callable[..., Any], partitioner: RematPartitioner) -> Callable[..., Any]:
         """``compiled``, its calls watched with the figures of ``partitioner``'s plan."""

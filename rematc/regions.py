@@ -126,22 +126,13 @@ def mark_regions(model: nn.Module) -> tuple[str, int]:
 def _marked(forward: Callable[..., Any], index: int, carry: Carry) -> Callable[..., Any]:
     carry.forwards[index] = forward
     # Every Python frame ``region`` calls is compiled unless disabled: the bookkeeping is.
-    before = torch.compiler.disable(functools.partial(carry.before, index), recursive=True)
     after = torch.compiler.disable(functools.partial(carry.after, index), recursive=True)
 
     @functools.wraps(forward)
     def region(*args: Any, **kwargs: Any) -> Any:
         token = _BLOCK.set((index, carry.blocks, carry))
         try:
-            hooks = before(args, kwargs)
-            if hooks is None:
-                out = forward(*args, **kwargs)
-            else:
-                push_saved_tensors_hooks(*hooks)
-                try:
-                    out = forward(*args, **kwargs)
-                finally:
-                    pop_saved_tensors_hooks()
+            out = forward(*args, **kwargs)
             after(args, kwargs, out)
             return out
         finally:
@@ -181,9 +172,10 @@ class _StandIn:
 class Carry:
     """What the blocks of one list carry from one to the next: each block's input (its
     first tensor argument) is the output of the block before. A plan may recompute the
-    inputs of the last ``recomputed`` blocks (set by the partitioning of their graph,
-    :attr:`rematc.partition.RematPartitioner.recomputed`): each such block's graph then
-    saves a stand-in for its input, so the input is freed when the forward ends, and the
+    inputs of the last ``recomputed`` blocks (``PartitionRecord.inputs_recomputed``; each
+    compiled graph of the block sets it as it runs, :meth:`recomputing`): each such
+    block's graph then saves a stand-in for its input (saved-tensor hooks around the
+    graph's call), so the input is freed when the forward ends, and the
     first time the backward reads a stand-in, the blocks from the last kept input on run
     forward again (their own ``forward``, eagerly, without autograd, in the autocast
     state of their first run) and every stand-in gets its input back."""
@@ -207,23 +199,41 @@ class Carry:
         """The first block whose input is recomputed (``blocks`` where none is)."""
         return self.blocks - self.recomputed
 
-    def before(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
-        """Before block ``index``'s forward: where its input is recomputed, the saved-tensor
-        hooks (pack, unpack) that save a stand-in for it; None otherwise."""
-        if index == 0:  # a new step
-            self.outputs.clear()
-            self.calls.clear()
-            self.boxes.clear()
-            self.freed.clear()
-            self.anchor = None
+    def recomputing(self, compiled: Callable[..., Any], recomputed: int) -> Callable[..., Any]:
+        """``compiled`` (a block's graph, whose plan recomputes the inputs of the last
+        ``recomputed`` blocks) as each block calls it: it sets how many are recomputed
+        (each graph its own: a block recompiled for new shapes may have another plan),
+        and where this block's input is one of them, saves a stand-in for it."""
+
+        @functools.wraps(compiled)  # the calling convention Dynamo reads
+        def call(*args: Any) -> Any:
+            index = block_index()
+            self.recomputed = recomputed
+            hooks = None if index is None else self._hooks(index, args)
+            if hooks is None:
+                return compiled(*args)
+            push_saved_tensors_hooks(*hooks)
+            try:
+                return compiled(*args)
+            finally:
+                pop_saved_tensors_hooks()
+
+        return call
+
+    def _hooks(self, index: int, args: tuple[Any, ...]) -> tuple[Any, Any] | None:
+        """Where block ``index``'s input is recomputed, the saved-tensor hooks (pack,
+        unpack) that save a stand-in for it (found among ``args``, the graph's inputs, as
+        the block before's output); None otherwise."""
         if not self.recomputed or index < self.first:
             return None
-        _, x = _carried(args, kwargs)
-        if x is None or self.outputs.get(index - 1) != storage_key(x.untyped_storage()):
+        before = self.outputs.get(index - 1)
+        x = next((t for t in tree_leaves(args) if isinstance(t, torch.Tensor)
+                  and storage_key(t.untyped_storage()) == before), None)
+        if x is None:
             raise CarriedInputError(
                 f"rematc: the plan recomputes block {index}'s input from the block before's output, "
-                f"but its first tensor argument is not that output (the model changes it between "
-                f"the blocks); compile with a larger budget, or the model whole (regions=False)")
+                f"but the block does not read that output (the model changes it between the "
+                f"blocks); compile with a larger budget, or the model whole (regions=False)")
         if x.untyped_storage().nbytes() != x.nbytes or not x.is_contiguous():
             raise CarriedInputError(
                 f"rematc: block {index}'s input is a view of a larger storage, which the plan cannot "
@@ -239,10 +249,22 @@ class Carry:
         """After block ``index``'s forward: note its output, and where the blocks from it
         on run again to recompute inputs, its call (read now: the plan is made while block
         0's forward compiles)."""
+        if index == 0:  # a new step: the last one's inputs are given back or gone
+            self.outputs.clear()
+            self.calls.clear()
+            self.boxes.clear()
+            self.freed.clear()
+            self.anchor = None
+        spot, x = _carried(args, kwargs)
+        if self.recomputed and index >= self.first and (
+                x is None or storage_key(x.untyped_storage()) != self.outputs.get(index - 1)):
+            raise CarriedInputError(
+                f"rematc: the plan recomputes block {index}'s input by running the blocks before "
+                f"it again, but its first tensor argument is not the block before's output; compile "
+                f"with a larger budget, or the model whole (regions=False)")
         y = _first_tensor(out)
         if y is not None:
             self.outputs[index] = storage_key(y.untyped_storage())
-        spot, x = _carried(args, kwargs)
         if self.recomputed and x is not None and self.first - 1 <= index < self.blocks - 1:
             if index == self.first - 1:
                 self.anchor = x

@@ -385,3 +385,30 @@ def test_recomputed_inputs_something_else_keeps_stop_the_step() -> None:
                               outputs="dropped")
     with pytest.raises(rematc.CarriedInputError, match=r"inputs of blocks \d+-7 .* still held when the backward starts"):
         heavy_step(compiled)
+
+
+def test_each_compiled_graph_of_the_block_recomputes_as_its_own_plan_says() -> None:
+    """A smaller batch compiles the block again, with a plan that recomputes fewer inputs
+    (or none); a step of the first batch after it still recomputes as its own plan says,
+    within the budget, with eager's loss and gradients."""
+    budget = _heavy_stated(5_000_000)
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference, model = heavy_llama(), heavy_llama()
+    compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped")
+    small = HEAVY_IDS[:8]
+    for ids in (HEAVY_IDS, small, HEAVY_IDS):
+        reference.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        expected = reference(input_ids=ids, labels=ids).loss
+        expected.backward()
+        got = compiled(input_ids=ids, labels=ids).loss
+        got.backward()
+        assert got.item() == expected.item()
+        for (name, mine), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(mine.grad, want.grad, msg=name)
+    recomputed = sorted(r.inputs_recomputed for r in rematc.records() if r.calls == HEAVY_LAYERS)
+    assert len(recomputed) == 2 and recomputed[0] < recomputed[1], recomputed
+    model.zero_grad(set_to_none=True)
+    assert profiler_peak(lambda: heavy_step(compiled)) <= budget + 32 * 16 * 64 * 4 + 16
