@@ -45,9 +45,9 @@ STEPS = 5  # steps timed after the first
 MODELS = ("llama", "gpt2")
 
 
-def build(layers: int, model: str = "llama") -> tuple[Any, Any]:
+def build(layers: int, model: str = "llama", batch: int = 4) -> tuple[Any, Any]:
     """transformers' causal LM of ``model``'s kind at width 128 (4 heads), ``layers`` deep,
-    vocabulary 1024, no dropout, random weights; and a batch of 4 x 256 token ids."""
+    vocabulary 1024, no dropout, random weights; and a batch of ``batch`` x 256 token ids."""
     import torch
     import transformers
 
@@ -65,12 +65,12 @@ def build(layers: int, model: str = "llama") -> tuple[Any, Any]:
         config._attn_implementation = "sdpa"
         lm = transformers.LlamaForCausalLM(config)
     lm.train()
-    ids = torch.randint(0, 1024, (4, 256), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 1024, (batch, 256), generator=torch.Generator().manual_seed(0))
     return lm, ids
 
 
 def worker(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama",
-           outputs: str = "kept") -> dict[str, Any]:
+           outputs: str = "kept", batch: int = 4) -> dict[str, Any]:
     """One configuration in this process: its first step, step median, peak and loss."""
     import torch
 
@@ -78,7 +78,7 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
     from rematc.memory import profiler_peak
     from rematc.regions import repeated_blocks
 
-    model, ids = build(layers, kind)
+    model, ids = build(layers, kind, batch)
     if config == "hf_ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config in ("compile", "hf_ckpt"):
@@ -114,13 +114,16 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
     # carry the mix's
     predicted = max((r.step_need for r in records), default=None)
     solve = sum(r.partition_time for r in records)
+    # blocks whose inputs a regional plan recomputes from an earlier one's
+    recomputed = max((r.inputs_recomputed for r in records), default=0)
     return {"config": config, "budget": budget, "first_step": first, "step": statistics.median(times),
             "peak": peak, "predicted": predicted, "loss": loss, "partition_time": solve,
+            "inputs_recomputed": recomputed,
             # saving everything is checked, never searched for, so never cached
             "cached": all(r.cached or r.solver == "save_all" for r in records) if records else None}
 
 
-def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15) -> dict[str, Any]:
+def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15, batch: int = 4) -> dict[str, Any]:
     """HF checkpointing (whole-model compile) and rematc ``regions=True`` at ``budget`` in
     this process, their steps alternated (``pairs`` of each after a first step and two
     warm-up steps): the step medians, the median of the pairs' ratios (rematc over HF's),
@@ -129,8 +132,8 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15)
 
     import rematc
 
-    hf, ids = build(layers, kind)
-    ours, _ = build(layers, kind)
+    hf, ids = build(layers, kind, batch)
+    ours, _ = build(layers, kind, batch)
     ours.load_state_dict(hf.state_dict())
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # rematc's first step first, though either order plans alike (rematc.partition.GraphKey)
@@ -161,10 +164,10 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15)
 
 
 def run(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama",
-        outputs: str = "kept") -> dict[str, Any]:
+        outputs: str = "kept", batch: int = 4) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     args = [sys.executable, "-m", "bench.regions", "--worker", config, "--layers", str(layers),
-            "--cache", cache, "--model", kind, "--outputs", outputs] + (
+            "--cache", cache, "--model", kind, "--outputs", outputs, "--batch", str(batch)] + (
                 [] if budget is None else ["--budget", str(budget)])
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -179,6 +182,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=MODELS, default="llama")
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=4, help="sequences of 256 tokens per step")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.8])
     parser.add_argument("--only", nargs="+", help="run only the configurations named (prefixes)")
@@ -194,8 +198,8 @@ def main() -> None:
                              "exact count; 'kept' counts the logits alive to the step's end")
     a = parser.parse_args()
     if a.side_by_side:
-        budget = a.budget or run("hf_ckpt", a.layers, None, "off", a.model)["peak"]
-        result = side_by_side(a.layers, budget, a.model, a.pairs)
+        budget = a.budget or run("hf_ckpt", a.layers, None, "off", a.model, batch=a.batch)["peak"]
+        result = side_by_side(a.layers, budget, a.model, a.pairs, a.batch)
         print(json.dumps(result))
         if a.out:
             a.out.mkdir(parents=True, exist_ok=True)
@@ -203,10 +207,10 @@ def main() -> None:
             (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model, a.outputs)))
+        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model, a.outputs, a.batch)))
         return
     rows: list[dict[str, Any]] = []
-    reference = run("hf_ckpt", a.layers, None, "off", a.model)
+    reference = run("hf_ckpt", a.layers, None, "off", a.model, batch=a.batch)
     rows.append({**reference, "round": 0})
     for r in range(a.rounds):
         plans = tempfile.mkdtemp(prefix="rematc-plans-")
@@ -223,10 +227,10 @@ def main() -> None:
             configs = sorted(configs, key=lambda c: "_warm@" in c[0])
         for config, budget, cache in configs:
             row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache, a.model,
-                         a.outputs), "config": config, "round": r + 1, "outputs": a.outputs}
+                         a.outputs, a.batch), "config": config, "round": r + 1, "outputs": a.outputs}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    table = render(rows, a.layers, a.model)
+    table = render(rows, a.layers, a.model, a.batch)
     if a.outputs == "dropped":
         table += "\n\nrematc's rows with outputs='dropped' (the step keeps only the loss)."
     print(table)
@@ -236,18 +240,19 @@ def main() -> None:
         a.out.mkdir(parents=True, exist_ok=True)
         stem = f"{a.model}{'-' if a.model[-1].isdigit() else ''}{a.layers}-regions"  # llama32, gpt2-32
         stem += "-outputs-dropped" if a.outputs == "dropped" else ""
+        stem += f"-batch{a.batch}" if a.batch != 4 else ""
         (a.out / f"{stem}.md").write_text(table + "\n")
         (a.out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
-def render(rows: list[dict[str, Any]], layers: int, kind: str = "llama") -> str:
+def render(rows: list[dict[str, Any]], layers: int, kind: str = "llama", batch: int = 4) -> str:
     by: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row["round"]:
             by.setdefault(row["config"], []).append(row)
     base = by.get("compile", [])
     name = "GPT-2" if kind == "gpt2" else "Llama"
-    out = [f"transformers {name}, {layers} layers, hidden 128, batch 4, seq 256 (CPU, medians over rounds)", "",
+    out = [f"transformers {name}, {layers} layers, hidden 128, batch {batch}, seq 256 (CPU, medians over rounds)", "",
            "| config | budget MiB | first step s | x compile's | step s | x hf_ckpt's | peak MiB | predicted MiB | loss |",
            "|---|---|---|---|---|---|---|---|---|"]
     ckpt = by.get("hf_ckpt", [])
