@@ -4,6 +4,7 @@ peak within it, loss and gradients equal to eager's."""
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -336,13 +337,20 @@ def heavy_step(model: nn.Module) -> torch.Tensor:
 
 
 def _heavy_stated(budget: int) -> int:
-    """The smallest budget a regional compile of the heavy step at ``budget`` states."""
+    """The smallest budget a regional compile of the heavy step at ``budget`` states
+    (:func:`_heavy_budget` for the tests' one, found once per process)."""
     torch._dynamo.reset()
     compiled = rematc.compile(heavy_llama(), budget=budget, compiler="eager", cache_dir=None, regions=True,
                               outputs="dropped")
     with pytest.raises(Exception, match="smallest feasible budget is") as info:
         heavy_step(compiled)
     return int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
+
+
+@functools.cache
+def _heavy_budget() -> int:
+    """The smallest budget the heavy step states, asked 5 MB: its plan recomputes inputs."""
+    return _heavy_stated(5_000_000)
 
 
 def test_the_last_blocks_inputs_are_recomputed_where_no_plan_fits_them_held(
@@ -355,7 +363,7 @@ def test_the_last_blocks_inputs_are_recomputed_where_no_plan_fits_them_held(
     with monkeypatch.context() as patched:  # every input held: the budget stated before
         patched.setattr(rematc.partition.RematPartitioner, "carrying", lambda *_: None)
         held = _heavy_stated(5_000_000)
-    stated = _heavy_stated(5_000_000)
+    stated = _heavy_budget()
     torch._dynamo.reset()
     rematc.clear_records()
     reference, model = heavy_llama(), heavy_llama()
@@ -376,7 +384,7 @@ def test_the_last_blocks_inputs_are_recomputed_where_no_plan_fits_them_held(
 def test_recomputed_inputs_something_else_keeps_stop_the_step() -> None:
     """A forward hook that keeps every block's input holds the bytes the plan counted
     freed: the backward stops with the error, before recomputing anything."""
-    budget = _heavy_stated(5_000_000)
+    budget = _heavy_budget()
     torch._dynamo.reset()
     model = heavy_llama()
     kept: list[Any] = []
@@ -393,7 +401,7 @@ def test_each_compiled_graph_of_the_block_recomputes_as_its_own_plan_says() -> N
     """A smaller batch compiles the block again, with a plan that recomputes fewer inputs
     (or none); a step of the first batch after it still recomputes as its own plan says,
     within the budget, with eager's loss and gradients."""
-    budget = _heavy_stated(5_000_000)
+    budget = _heavy_budget()
     torch._dynamo.reset()
     rematc.clear_records()
     reference, model = heavy_llama(), heavy_llama()
