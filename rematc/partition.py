@@ -761,23 +761,21 @@ class RematPartitioner(CustomPartitionerFn):
         room = problem.budget
         assert room is not None
 
-        def needed(report: Report) -> int:
-            # While this call's forward runs, each other one holds its saved values; while
-            # its backward runs, each other one holds those (its backward has not run) or
-            # its parameters' gradients (it has): the larger, conservatively.
+        def counted(report: Report) -> tuple[int, float]:
+            # What the calls need: while this call's forward runs, each other one holds its
+            # saved values; while its backward runs, each other one holds those (its
+            # backward has not run) or its parameters' gradients (it has): the larger,
+            # conservatively. And the seconds per call the forwards run again to recompute
+            # the last calls' inputs.
             t = tier(problem, report)
             m = fewest_recomputed(t, calls, room, grads=grads, reserve=reserve, carrying=carrying)
-            return calls_need([t], [calls], grads=grads, reserve=reserve,
-                              carried=carrying.carried if carrying else 0, dropped=m,
-                              recompute=carrying.recompute if carrying else 0)
+            nbytes = calls_need([t], [calls], grads=grads, reserve=reserve,
+                                carried=carrying.carried if carrying else 0, dropped=m,
+                                recompute=carrying.recompute if carrying else 0)
+            return nbytes, (m * carrying.time / calls if carrying else 0.0)
 
-        def again(report: Report) -> float:
-            # seconds the forwards run again to recompute the last calls' inputs, per call
-            if carrying is None:
-                return 0.0
-            m = fewest_recomputed(tier(problem, report), calls, room, grads=grads, reserve=reserve,
-                                  carrying=carrying)
-            return m * carrying.time / calls
+        def needed(report: Report) -> int:
+            return counted(report)[0]
 
         root = plancache.directory(self.options.cache_dir)
         digest = _calls_key(problem, self.options, calls, grads=grads, reserve=reserve,
@@ -835,7 +833,8 @@ class RematPartitioner(CustomPartitionerFn):
         judged = []  # (need, added time, peak, plan)
         for plan in resorts:
             report = check(problem.with_budget(None), plan)
-            judged.append((needed(report), report.added_time + again(report), report.peak, plan))
+            nbytes, again = counted(report)
+            judged.append((nbytes, report.added_time + again, report.peak, plan))
         if not judged:
             raise InfeasibleBudgetError(room, None, proven=False)
         fitting = [j for j in judged if j[0] <= room]

@@ -162,10 +162,10 @@ class _StandIn:
     """What a block's graph saves in place of its input, or of a view of it: the box the
     input comes back in, and the view's size, stride and offset (None: the input itself)."""
 
-    __slots__ = ("box", "index", "view")
+    __slots__ = ("box", "view")
 
-    def __init__(self, box: _Box, index: int, view: tuple[Any, ...] | None) -> None:
-        self.box, self.index, self.view = box, index, view
+    def __init__(self, box: _Box, view: tuple[Any, ...] | None) -> None:
+        self.box, self.view = box, view
 
 
 @dataclasses.dataclass(eq=False)
@@ -243,7 +243,7 @@ class Carry:
         # The hooks outlive the forward (autograd keeps the pack hook with what it saved):
         # they know the input by its storage, not by a reference that would keep it alive.
         within = (x.device, storage_key(x.untyped_storage()), tuple(x.shape), tuple(x.stride()))
-        return functools.partial(self._pack, within, index, box), self._unpack
+        return functools.partial(self._pack, within, box), self._unpack
 
     def after(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """After block ``index``'s forward: note its output, and where the blocks from it
@@ -270,13 +270,13 @@ class Carry:
                 self.anchor = x
             self.calls[index] = (*_without(args, kwargs, spot), spot, _autocast_state())
 
-    def _pack(self, within: tuple[Any, ...], index: int, box: _Box, t: torch.Tensor) -> Any:
+    def _pack(self, within: tuple[Any, ...], box: _Box, t: torch.Tensor) -> Any:
         device, key, shape, stride = within
         if t.device != device or storage_key(t.untyped_storage()) != key:
             return t
         view = None if (tuple(t.shape) == shape and tuple(t.stride()) == stride and t.storage_offset() == 0) else (
             tuple(t.shape), tuple(t.stride()), t.storage_offset())
-        return _StandIn(box, index, view)
+        return _StandIn(box, view)
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _StandIn):
