@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cache, partial
 
 import numpy as np
@@ -45,6 +44,12 @@ BACKSTOP = solvers.deadline.WALL_BACKSTOP  # as the package sets it (tests/conft
 # Deterministic seconds past a deterministic limit: CP-SAT's least share of a solve begun
 # before the limit (solvers.sat.LEAST_SOLVE) and the checker's replays of the last plans.
 WORK_OVERHEAD = 0.2
+# How much the work CP-SAT counts for the same search may vary with the machine's load: a
+# search stopped by a callback at its first plan within a target (the planner's seeding)
+# counts the work its other threads did before they saw the stop. This problem's solve
+# counted 0.152148 deterministic seconds alone, 0.151808-0.151992 beside two busy
+# processes, with the same plan each time.
+WORK_JITTER = 0.01
 
 
 @cache
@@ -82,12 +87,20 @@ def below_every_plan(p: Problem) -> int:
     return max(baseline(p)) // 2
 
 
-@contextmanager
-def ends_in_time(limit: float = LIMIT) -> Iterator[None]:
-    t0 = time.perf_counter()
-    yield
-    took = time.perf_counter() - t0
-    assert took <= limit + OVERHEAD, f"{took:.2f} s for a {limit:g} s limit"
+def ends_in_time(run: Callable[[], SolveResult | InfeasibleBudgetError], limit: float = LIMIT,
+                 ) -> SolveResult | InfeasibleBudgetError:
+    """``run()``'s outcome, where it ended within ``limit + OVERHEAD`` seconds. A second run
+    is allowed when the first did not: under the suite's two workers another test's compile
+    may take the cores for seconds (6.5 s against 6.5 s allowed, once in a suite run); a
+    path that overruns its limit overruns it in both runs."""
+    took = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        found = run()
+        took.append(time.perf_counter() - t0)
+        if took[-1] <= limit + OVERHEAD:
+            return found
+    raise AssertionError(f"{took[0]:.2f} s and {took[1]:.2f} s for a {limit:g} s limit (+{OVERHEAD:g} s)")
 
 
 def outcome(run: Callable[[], SolveResult]) -> SolveResult | InfeasibleBudgetError:
@@ -126,8 +139,7 @@ def test_every_path_ends_within_its_time_limit(path: str) -> None:
     infeasible budget 7.0 s and its least peak 5.8 s, the flat search's infeasible budget
     6.0 s and the multi-level least peak 10.7 s (a 2-core machine at a load of 2-5)."""
     run = timed(path)  # the problem built and its budget found before the clock starts
-    with ends_in_time():
-        found = outcome(lambda: run(SolverConfig(time_limit=LIMIT)))
+    found = ends_in_time(lambda: outcome(lambda: run(SolverConfig(time_limit=LIMIT))))
     if "below every plan" in path:
         assert isinstance(found, InfeasibleBudgetError) and found.min_feasible is not None
 
@@ -135,8 +147,8 @@ def test_every_path_ends_within_its_time_limit(path: str) -> None:
 def test_a_deterministic_solve_counts_its_work_against_the_limit() -> None:
     """Under ``deterministic`` every span's options were searched, whatever the limit
     (29 s here); the work counted ends within the limit, and where it ends does not
-    depend on the clock: the same work and the same plan again (with the wall clock's
-    backstop out of reach, as in every test: tests/conftest.py)."""
+    depend on the clock: the same plan again (with the wall clock's backstop out of reach,
+    as in every test: tests/conftest.py), its work counted alike to ``WORK_JITTER``."""
     config = SolverConfig(time_limit=WORK_LIMIT, deterministic=True)
     p = large().with_budget(every_peak(large()))
     runs = []
@@ -145,7 +157,8 @@ def test_a_deterministic_solve_counts_its_work_against_the_limit() -> None:
         found = planner.solve(p, config, deadline=deadline)
         assert deadline.spent() <= WORK_LIMIT + WORK_OVERHEAD
         runs.append((deadline.spent(), found.plan))
-    assert runs[0] == runs[1]
+    assert runs[0][1] == runs[1][1]
+    assert runs[0][0] == pytest.approx(runs[1][0], rel=WORK_JITTER)
 
 
 @pytest.mark.parametrize("path", ["chain route", "chain route, budget below every plan", "flat search"])
@@ -159,8 +172,13 @@ def test_a_deterministic_solve_ends_at_the_wall_clocks_backstop_and_says_so(
     monkeypatch.setattr(solvers.deadline, "WALL_BACKSTOP", BACKSTOP)  # the suite's tests set it out of reach
     config = SolverConfig(time_limit=LIMIT, deterministic=True)
     run = timed(path)
-    with caplog.at_level(logging.WARNING, logger="solvers.planner"), ends_in_time(LIMIT * 1.25):
-        found = outcome(lambda: run(config))
+
+    def attempt() -> SolveResult | InfeasibleBudgetError:
+        caplog.clear()  # the messages of the run that ended in time
+        return outcome(lambda: run(config))
+
+    with caplog.at_level(logging.WARNING, logger="solvers.planner"):
+        found = ends_in_time(attempt, LIMIT * 1.25)
     if "below every plan" in path:
         assert isinstance(found, InfeasibleBudgetError) and found.min_feasible is not None
     # Its work would take 40-60 s here: the backstop ends it, once, and says so once.
