@@ -495,7 +495,7 @@ def test_a_host_link_never_makes_the_flat_plan_dearer() -> None:
     every = checkpoint_every(p).report
     assert every is not None
     budgeted = p.with_budget(every.peak)
-    config = SolverConfig(time_limit=1.0, deterministic=True)
+    config = SolverConfig(time_limit=0.5, deterministic=True)
     both = planner.solve(budgeted, config)
     alone = planner.solve(linked(budgeted, 0.0),
                         dataclasses.replace(config, time_limit=config.time_limit * planner.RECOMPUTE_FIRST_SHARE))

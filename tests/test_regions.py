@@ -68,8 +68,10 @@ def test_regions_with_fullgraph_is_refused() -> None:
         rematc.compile(llama(), budget="1MiB", regions=True, fullgraph=True)
 
 
+@functools.cache
 def _unconstrained_step() -> int:
-    """The whole step's predicted peak when every graph saves everything, regionally."""
+    """The whole step's predicted peak when every graph saves everything, regionally (once
+    per process: eight tests take their budgets from it)."""
     model = llama()
     compiled = rematc.compile(model, budget="1GiB", compiler="eager", cache_dir=None, regions=True)
     step(compiled)
