@@ -365,7 +365,7 @@ def _figures(record: PartitionRecord | None, options: Options) -> Figures | None
     peak = max(record.predicted_peak, record.generated_peak or 0)
     hard = options.budget.fraction is None
     return Figures(peak=peak, holds=record.holds, budget=record.step_budget, calls=record.calls,
-                   hard=hard, dropped=record.dropped)
+                   hard=hard, dropped=record.dropped, freed=record.freed)
 
 
 def resolve_auto_budget(options: Options, example_inputs: Sequence[Any],

@@ -94,6 +94,7 @@ class Figures:
     calls: int  # calls of it in flight the plan leaves room for
     hard: bool  # a byte budget (an error above it), not a fraction (a warning)
     dropped: tuple[Dropped, ...] = ()  # outputs counted as freed when the forward returns
+    freed: tuple[Dropped, ...] = ()  # inputs (earlier graphs' outputs) counted as freed then too
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,16 @@ class InFlight:
             warnings.warn(message, OutputsKeptWarning, stacklevel=4)
 
     def after(self, graph: str, holds: int, outputs: Any, *, planned_calls: int = 1,
-              dropped: tuple[Dropped, ...] = (), inputs: Any = (), hard: bool = True) -> None:
+              dropped: tuple[Dropped, ...] = (), inputs: Any = (), freed: tuple[Dropped, ...] = (),
+              hard: bool = True) -> None:
         """Count the call that returned ``outputs`` in flight until its backward runs or
         its autograd graph is freed; a call with no output requiring grad is not. Where its
         plan counts ``dropped`` outputs as freed when the forward returned, check when the
         backward reaches the call that no more of them are alive than the graph's other
         outputs of their signatures (:func:`outputs_kept`; ``inputs``: the call's, whose
-        storages do not count)."""
+        storages do not count); and the same of its ``inputs`` of the ``freed``
+        signatures, beside the graph's other inputs of them (those its outputs share a
+        storage with do not count)."""
         node = _backward_node(outputs)
         if node is None:
             return
@@ -187,6 +191,7 @@ class InFlight:
         watched = _watch_dropped(outputs, inputs, dropped)
         if watched:
             self.dropped[token] = (graph, watched)
+        checked = watched + _watch_dropped(inputs, outputs, freed)
 
         def land(*_: Any) -> None:
             self.calls.pop(token, None)
@@ -194,21 +199,22 @@ class InFlight:
 
         def check_then_land(*_: Any) -> None:
             land()
-            kept = outputs_kept(watched)
+            kept = outputs_kept(checked)
             if kept:
                 # Held by a reference cycle only, they are garbage: collected here, before
                 # the backward allocates anything, they never sat beside it.
                 gc.collect()
-                kept = outputs_kept(watched)
+                kept = outputs_kept(checked)
             if not kept:
                 return
             self._outputs_kept(
-                f"rematc: {graph}'s backward started while the step still held {kept} B of its outputs "
-                f"that its plan counted as freed when the forward returned (outputs='dropped'), so "
+                f"rematc: {graph}'s backward started while the step still held {kept} B of its outputs, "
+                f"or of earlier graphs' outputs it read, that its plan counted as freed when the "
+                f"forward returned (outputs='dropped'), so "
                 f"the step may peak that much above its plan. Keep only the loss before the backward "
                 f"(loss = model(...).loss), or compile with outputs='kept'.", graph, hard)
 
-        node.register_prehook(check_then_land if watched else land)
+        node.register_prehook(check_then_land if checked else land)
         # A node Python cannot refer to weakly (TypeError) is landed by its backward alone.
         with contextlib.suppress(TypeError):
             weakref.finalize(node, land)
@@ -277,7 +283,7 @@ def watching(compiled: Callable[..., Any], flight: InFlight, graph: str,
         flight.reads(graph, args, hard=figures.hard)
         outputs = compiled(*args, **kwargs)
         flight.after(graph, figures.holds, outputs, planned_calls=figures.calls, dropped=figures.dropped,
-                     inputs=args, hard=figures.hard)
+                     inputs=args, freed=figures.freed, hard=figures.hard)
         return outputs
 
     return run

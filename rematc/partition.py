@@ -39,6 +39,7 @@ from rematc._torch_compat import (
     free_unbacked_symbols,
     fx_graph_cse,
     get_hash_for_files,
+    is_primal,
     optimization_hint,
     storage_key,
     tree_leaves,
@@ -156,6 +157,11 @@ class PartitionRecord:
     # The forward's outputs the plan counts as freed when the forward returns
     # (Options.outputs="dropped"), as the check at the backward watches them.
     dropped: tuple[Dropped, ...] = ()
+    # The earlier graphs' outputs this graph reads and counts as freed when its forward
+    # returns (Options.outputs="dropped", :func:`freed_inputs`), as the check at the
+    # backward watches them.
+    freed: tuple[Dropped, ...] = ()
+    freed_bytes: int = 0  # bytes of those in all
 
 
 @dataclass(frozen=True)
@@ -210,6 +216,11 @@ class Need(NamedTuple):
     # bytes of one call's input its plans may recompute (all calls' but the first,
     # PartitionRecord.carried): off what its calls hold while later graphs run
     carried: int = 0
+    # bytes of the earlier graphs' outputs it frees when its forward returns
+    # (PartitionRecord.freed_bytes), and its forward's peak at that plan: its backward, and
+    # the graphs after it, run without them
+    freed: int = 0
+    forward: int = 0
 
 
 class GraphKey(NamedTuple):
@@ -246,6 +257,14 @@ class BudgetShare:
     # What each graph of the step needs at its least, in execution order, when a survey of
     # the step has said (rematc.regions.survey); empty otherwise.
     needs: tuple[Need, ...] = ()
+    # graph -> the signatures of the outputs it returns and counts alive to the step's end
+    # (its forward's kept values), one per output: a later graph that returns the loss may
+    # read them and, under outputs="dropped", free them (:func:`freed_inputs`)
+    returns: dict[GraphKey, list[Signature]] = field(default_factory=dict)
+
+    def returned_earlier(self, graph: GraphKey | None) -> list[Signature]:
+        """The signatures the graphs before ``graph`` return and count alive to the step's end."""
+        return [sig for g, sigs in self.returns.items() if graph is not None and g < graph for sig in sigs]
 
     def graph(self) -> GraphKey | None:
         """The key of the graph being partitioned now (None outside a Dynamo compile); a
@@ -275,9 +294,11 @@ class BudgetShare:
         for j, need in enumerate(later):
             between += need.before
             grads_after = sum(n.calls * n.grads for n in later[j + 1:])
-            reserve = max(reserve, between + need.peak + (need.calls - 1) * max(need.holds, need.grads)
+            # what it frees is held (by it or the graphs before) until its forward ends
+            peak = max(need.forward, need.peak - need.freed) if need.freed else need.peak
+            reserve = max(reserve, between + peak + (need.calls - 1) * max(need.holds, need.grads)
                           + grads_after)
-            between += need.calls * need.holds - (need.calls - 1) * need.carried
+            between += need.calls * need.holds - (need.calls - 1) * need.carried - need.freed
         return reserve
 
     def gradients_after(self, graph: GraphKey | None) -> int:
@@ -458,6 +479,79 @@ def freed_outputs(joint: fx.GraphModule, num_fwd_outputs: int, captured: Capture
         else:
             others[sig] = others.get(sig, 0) + 1
     return tuple(Dropped(sig, others.get(sig, 0), nbytes) for sig, nbytes in dropped.items()), frozenset(names)
+
+
+def saved_storages(joint: fx.GraphModule, saved: Sequence[str]) -> set[Any]:
+    """The storages the backward reads: those of the ``saved`` nodes' values, a view
+    reading its base's."""
+    keys = set()
+    for n in joint.graph.nodes:
+        val = n.meta.get("val") if n.name in saved else None
+        if isinstance(val, torch.Tensor):
+            keys.add(storage_key(val.untyped_storage()))
+    return keys
+
+
+def _storage_of(node: Any) -> Any:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return storage_key(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
+def kept_returns(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
+                 saved: Sequence[str]) -> list[Signature]:
+    """The signatures of the forward's outputs that its problem counts alive to the step's
+    end (kept, not an input's) and its backward does not read (no ``saved`` node's value
+    shares its storage), one per output."""
+    read = saved_storages(joint, saved)
+    outputs = joint.graph.output_node().args[0]
+    forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
+    sigs = []
+    for o in forward:
+        val = o.meta.get("val") if isinstance(o, fx.Node) else None
+        v = captured.value_of.get(o) if isinstance(o, fx.Node) else None
+        if (isinstance(val, torch.Tensor) and v is not None and captured.problem.nodes[v].keep
+                and not captured.problem.nodes[v].resident and _storage_of(o) not in read):
+            sigs.append(signature(val))
+    return sigs
+
+
+def freed_inputs(joint: fx.GraphModule, num_fwd_outputs: int, static: Sequence[int],
+                 saved: Sequence[str], earlier: Sequence[Signature]) -> tuple[tuple[Dropped, ...], int]:
+    """The inputs of a graph that returns a loss that a caller keeping only the loss has
+    freed once its forward returns (``Options.outputs="dropped"``): activations (tensors
+    that require grad; not parameters or buffers) its backward does not read (no ``saved``
+    node's value shares their storage), of a signature the graphs before it return and count alive to the step's
+    end (``earlier``, at most as many of each). The graphs before count them held through
+    every backward; this graph's backward runs without them. By signature, each with how
+    many of the graph's other inputs of it may stay alive, as the check at the backward
+    watches them (:func:`rematc.calls.outputs_kept`), and their bytes in all. None where
+    the graph returns no loss."""
+    outputs = joint.graph.output_node().args[0]
+    forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
+    vals = [o.meta.get("val") for o in forward if isinstance(o, fx.Node)]
+    if not any(isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point() for v in vals):
+        return (), 0
+    grads = list(outputs)[num_fwd_outputs:] if isinstance(outputs, list | tuple) else []
+    read = saved_storages(joint, saved)
+    left = {sig: earlier.count(sig) for sig in set(earlier)}
+    primals = [p for p in joint.graph.find_nodes(op="placeholder") if is_primal(p)]
+    freed: dict[Signature, tuple[int, int]] = {}  # signature -> (how many, bytes of one)
+    others: dict[Signature, int] = {}
+    for i, p in enumerate(primals):
+        val = p.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        sig = signature(val)
+        needs_grad = i < len(grads) and grads[i] is not None  # the joint's gradient of it
+        if (i not in static and needs_grad and val.is_floating_point() and val.dim() > 0
+                and _storage_of(p) not in read and left.get(sig, 0) > 0):
+            left[sig] -= 1
+            count, _ = freed.get(sig, (0, 0))
+            freed[sig] = (count + 1, int(optimization_hint(val.numel())) * val.element_size())
+        else:
+            others[sig] = others.get(sig, 0) + 1
+    return (tuple(Dropped(sig, others.get(sig, 0), nbytes) for sig, (_, nbytes) in freed.items()),
+            sum(count * nbytes for count, nbytes in freed.values()))
 
 
 def returned_bytes(gm: fx.GraphModule) -> int:
@@ -1045,16 +1139,38 @@ class RematPartitioner(CustomPartitionerFn):
             log.info("rematc: the inputs of the last %d of %d blocks are recomputed from an earlier one's "
                      "(%d B each)", recomputed, calls, recomputing.carried)
         carried = recomputing.carried if recomputing is not None else 0
+        dropped, self.dropped_names = freed_outputs(joint, num_fwd_outputs, captured, result.plan)
+        emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
+                       static_lifetime_input_indices=static)
+        if self.options.verify:
+            verify(joint, captured, result.plan, emitted)
         need = (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=mix.reserve)
                 if mix is not None else
                 calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve, carried=carried,
                            dropped=recomputed, recompute=recomputing.recompute if recomputing is not None else 0))
+        # Under outputs="dropped", the earlier graphs' outputs a loss graph reads and does not
+        # save are gone once its forward returns: off what the step holds in its backward and
+        # while later graphs run (the earlier graphs count them held to the step's end).
+        freed: tuple[Dropped, ...] = ()
+        freed_bytes = 0
+        if self.options.outputs == "dropped" and calls == 1 and mix is None and recomputing is None:
+            freed, freed_bytes = freed_inputs(joint, num_fwd_outputs, static, emitted.saved,
+                                              self.share.returned_earlier(graph))
+        if freed_bytes and held >= freed_bytes:  # the earlier graphs' holds, counted in this step
+            one = tier(problem, report)  # solvers.mix.need of one call, its backward without them
+            need = max(one.forward, one.backward - freed_bytes, one.holds + reserve - freed_bytes)
+        elif budget is not None:  # a budget not shared between graphs: nothing to take them off
+            freed, freed_bytes = (), 0
+        if graph is not None:
+            self.share.returns[graph] = kept_returns(joint, num_fwd_outputs, captured, emitted.saved)
         keeps = lasting(captured.problem, grads) * calls
         if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
             self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)
         backward = max(report.timeline[problem.n_forward:], default=0)
         self.share.record(graph, holds * calls - recomputed * carried, captured.problem,  # every call's
-                          backward_peak=held + backward + aside + (calls - 1) * max(holds, grads), lasting=keeps)
+                          backward_peak=held - min(held, freed_bytes) + backward + aside
+                          + (calls - 1) * max(holds, grads),
+                          lasting=keeps)
         if self.options.compiler == "inductor":  # only Inductor's buffer pool reads it
             self.room = room_of(problem, result.plan, report.timeline,
                                 [[n.name for n in group] for group in captured.groups])
@@ -1065,11 +1181,6 @@ class RematPartitioner(CustomPartitionerFn):
         if overrides:
             log.info("rematc: the plan keeps %d of the %d values the model's checkpointing "
                      "recomputes (%s)", len(overrides), len(checkpointed), ", ".join(overrides[:8]))
-        dropped, self.dropped_names = freed_outputs(joint, num_fwd_outputs, captured, result.plan)
-        emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
-                       static_lifetime_input_indices=static)
-        if self.options.verify:
-            verify(joint, captured, result.plan, emitted)
         record = PartitionRecord(
             joint_nodes=len(joint.graph.nodes), values=len(problem.nodes),
             candidates=len(problem.candidates),
@@ -1084,7 +1195,7 @@ class RematPartitioner(CustomPartitionerFn):
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze, step_need=held + after + aside + need,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
-            dropped=dropped, inputs_recomputed=recomputed,
+            dropped=dropped, freed=freed, freed_bytes=freed_bytes, inputs_recomputed=recomputed,
             carried=0 if carrying is None else carrying.carried,
         )
         _RECORDS.append(record)

@@ -501,7 +501,9 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
         report = check(free, least or record.plan)
         needs.append(Need(calls=record.calls, peak=report.peak,
                           holds=holds_after_forward(record.problem, report),
-                          grads=record.grads, before=between, carried=record.carried))
+                          grads=record.grads, before=between, carried=record.carried,
+                          freed=record.freed_bytes,
+                          forward=max(report.timeline[:free.n_forward], default=0)))
     return tuple(needs)
 
 
@@ -537,7 +539,7 @@ def _survey_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         return repr(t)
 
     material = {
-        "format": "rematc.survey/4",
+        "format": "rematc.survey/5",
         "model": type(model).__qualname__,
         "state": [[name, *describe(t)] for name, t in (*model.named_parameters(), *model.named_buffers())],
         "inputs": [describe(t) for t in tree_leaves((args, kwargs))],

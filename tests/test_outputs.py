@@ -92,7 +92,7 @@ def test_a_budget_only_dropped_logits_fit_holds_with_eagers_gradients() -> None:
 def test_a_step_that_holds_the_logits_into_the_backward_stops_there() -> None:
     _, step = compiled("dropped", BETWEEN)
     loss_only(step)  # compiles; the step keeps only the loss
-    with pytest.raises(rematc.OutputsKeptError, match=rf"held {LOGITS} B of its outputs .* outputs='kept'"):
+    with pytest.raises(rematc.OutputsKeptError, match=rf"held {LOGITS} B of its outputs, .* outputs='kept'"):
         outputs_held(step)
 
 
@@ -164,3 +164,63 @@ def test_a_later_graph_that_reads_a_dropped_output_stops_the_step() -> None:
                              options={"budget": "1GiB", "compiler": "eager", "cache_dir": None, "outputs": "dropped"})
     with pytest.raises(rematc.OutputsKeptError, match="reads an output of graph 0 of frame 0"):
         compiled(torch.randn(32, 64))
+
+
+# transformers' GPT-2 computes its loss in a frame of its own: the graph before returns the
+# logits and no loss, and the loss's graph reads them.
+GPT2_IDS = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(0))
+GPT2_LOGITS = 2 * 64 * 512 * 4
+# What runs outside the graphs: the loss's implicit gradient, and on the regional route a
+# buffer the size of the labels (2 x 64 x 8 B) in the frames around them.
+GPT2_OUTSIDE = 2 * 64 * 8 + 16
+
+
+def tiny_gpt2() -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_head=2, n_layer=2, vocab_size=512, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    config._attn_implementation = "sdpa"
+    return transformers.GPT2LMHeadModel(config)
+
+
+def gpt2_loss_only(model: nn.Module) -> torch.Tensor:
+    loss: torch.Tensor = model(input_ids=GPT2_IDS, labels=GPT2_IDS).loss
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("regions", [False, True])
+def test_a_loss_graph_frees_the_logits_an_earlier_graph_returned(regions: bool) -> None:
+    """The graph that returns the loss reads the logits and does not save them: once its
+    forward returns they are gone, and its backward (and, regionally, the survey's room
+    for the graphs after the blocks) counts the step without them. Counted held to the
+    step's end, a 32-layer GPT-2's prediction was 10.5% above its measured peak on both
+    routes; here it was 15.7% (whole) and 15.0% (regions) above."""
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference = tiny_gpt2()
+    expected = gpt2_loss_only(reference)
+    model = tiny_gpt2()
+    step = rematc.compile(model, budget=3_000_000, compiler="eager", cache_dir=None, outputs="dropped",
+                          regions=regions)
+    assert gpt2_loss_only(step).item() == pytest.approx(expected.item(), rel=1e-6)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    records = rematc.records()
+    assert [r.freed_bytes for r in records if r.freed_bytes] == [GPT2_LOGITS]
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: gpt2_loss_only(step))
+    predicted = max(r.step_need for r in records)
+    assert peak <= predicted + GPT2_OUTSIDE, (peak, predicted)
+    assert predicted - peak < GPT2_LOGITS // 2, (peak, predicted)
+
+
+def test_a_step_that_holds_the_logits_a_loss_graph_freed_stops_there() -> None:
+    torch._dynamo.reset()
+    step = rematc.compile(tiny_gpt2(), budget=3_000_000, compiler="eager", cache_dir=None, outputs="dropped")
+    gpt2_loss_only(step)
+    out = step(input_ids=GPT2_IDS, labels=GPT2_IDS)
+    with pytest.raises(rematc.OutputsKeptError, match=rf"held {GPT2_LOGITS} B of its outputs, or of earlier"):
+        out.loss.backward()
