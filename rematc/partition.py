@@ -294,11 +294,13 @@ class BudgetShare:
         for j, need in enumerate(later):
             between += need.before
             grads_after = sum(n.calls * n.grads for n in later[j + 1:])
-            # what it frees is held (by it or the graphs before) until its forward ends
+            # What it frees is held (by the graphs before) until its forward ends, and off
+            # its backward. Not off the forwards of the graphs after it: they may run before
+            # the model's forward returns, while its frame still holds them.
             peak = max(need.forward, need.peak - need.freed) if need.freed else need.peak
             reserve = max(reserve, between + peak + (need.calls - 1) * max(need.holds, need.grads)
                           + grads_after)
-            between += need.calls * need.holds - (need.calls - 1) * need.carried - need.freed
+            between += need.calls * need.holds - (need.calls - 1) * need.carried
         return reserve
 
     def gradients_after(self, graph: GraphKey | None) -> int:
@@ -1149,8 +1151,9 @@ class RematPartitioner(CustomPartitionerFn):
                 calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve, carried=carried,
                            dropped=recomputed, recompute=recomputing.recompute if recomputing is not None else 0))
         # Under outputs="dropped", the earlier graphs' outputs a loss graph reads and does not
-        # save are gone once its forward returns: off what the step holds in its backward and
-        # while later graphs run (the earlier graphs count them held to the step's end).
+        # save are gone once the model's forward returns: off what the step holds in its
+        # backward (the earlier graphs count them held to the step's end). Not off what it
+        # holds while later graphs' forwards run: the model's frame may still hold them.
         freed: tuple[Dropped, ...] = ()
         freed_bytes = 0
         if self.options.outputs == "dropped" and calls == 1 and mix is None and recomputing is None:
@@ -1158,7 +1161,7 @@ class RematPartitioner(CustomPartitionerFn):
                                               self.share.returned_earlier(graph))
         if freed_bytes and held >= freed_bytes:  # the earlier graphs' holds, counted in this step
             one = tier(problem, report)  # solvers.mix.need of one call, its backward without them
-            need = max(one.forward, one.backward - freed_bytes, one.holds + reserve - freed_bytes)
+            need = max(one.forward, one.backward - freed_bytes, one.holds + reserve)
         elif budget is not None:  # a budget not shared between graphs: nothing to take them off
             freed, freed_bytes = (), 0
         if graph is not None:
