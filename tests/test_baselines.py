@@ -221,7 +221,7 @@ def test_a_budget_only_a_rung_of_the_ladder_fits_is_planned_not_refused() -> Non
     ids = torch.randint(64, (4, 128), generator=torch.Generator().manual_seed(1))
     problem = trace(Wrapped(inner, ("input_ids",), lambda out, labels: out.loss, split=False),
                     (ids, ids.clone()), target="eager").problem
-    config = SolverConfig(time_limit=10.0, workers=2)
+    config = SolverConfig(time_limit=3.0, workers=2)
     flat = cpsat.min_peak(problem, config)
     rung = least_known_rung(problem)
     assert flat.report is not None and rung is not None and rung.report is not None
