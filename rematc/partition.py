@@ -217,8 +217,8 @@ class Need(NamedTuple):
     # PartitionRecord.carried): off what its calls hold while later graphs run
     carried: int = 0
     # bytes of the earlier graphs' outputs it frees when its forward returns
-    # (PartitionRecord.freed_bytes), and its forward's peak at that plan: its backward, and
-    # the graphs after it, run without them
+    # (PartitionRecord.freed_bytes), and its forward's peak at that plan: its backward runs
+    # without them
     freed: int = 0
     forward: int = 0
 
@@ -520,14 +520,15 @@ def kept_returns(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured
 def freed_inputs(joint: fx.GraphModule, num_fwd_outputs: int, static: Sequence[int],
                  saved: Sequence[str], earlier: Sequence[Signature]) -> tuple[tuple[Dropped, ...], int]:
     """The inputs of a graph that returns a loss that a caller keeping only the loss has
-    freed once its forward returns (``Options.outputs="dropped"``): activations (tensors
-    that require grad; not parameters or buffers) its backward does not read (no ``saved``
-    node's value shares their storage), of a signature the graphs before it return and count alive to the step's
-    end (``earlier``, at most as many of each). The graphs before count them held through
-    every backward; this graph's backward runs without them. By signature, each with how
-    many of the graph's other inputs of it may stay alive, as the check at the backward
-    watches them (:func:`rematc.calls.outputs_kept`), and their bytes in all. None where
-    the graph returns no loss."""
+    freed by the time its backward runs (``Options.outputs="dropped"``): activations
+    (tensors that require grad; not parameters or buffers) its backward does not read (no
+    ``saved`` node's value shares their storage), of a signature the graphs before it
+    return and count alive to the step's end (``earlier``, at most as many of each). The
+    graphs before count them held through every backward; this graph's backward runs
+    without them. By signature, each with how many of the graph's other inputs of it may
+    stay alive, as the check at the backward watches them
+    (:func:`rematc.calls.outputs_kept`), and their bytes in all. None where the graph
+    returns no loss."""
     outputs = joint.graph.output_node().args[0]
     forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
     vals = [o.meta.get("val") for o in forward if isinstance(o, fx.Node)]
