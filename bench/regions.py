@@ -110,9 +110,10 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
     model.zero_grad(set_to_none=True)
     peak = profiler_peak(step)
     records = rematc.records()
-    # the step's peak each plan counts on (every call, the graphs around it); a mix's plans
+    # the step's predicted peak: the largest of what each graph's plan counts on while it
+    # runs (every call, the graphs before it, the later graphs' gradients); a mix's plans
     # carry the mix's
-    predicted = max((r.step_need for r in records), default=None)
+    predicted = max((r.own_need for r in records), default=None)
     solve = sum(r.partition_time for r in records)
     # blocks whose inputs a regional plan recomputes from an earlier one's
     recomputed = max((r.inputs_recomputed for r in records), default=0)

@@ -163,7 +163,8 @@ class Backend:
                 partitioner.fixed = None
             # the step's need is the mix's, which the partitioning that offered it counted
             record = partitioner._amend(blocks=tuple(range(start, start + count)), cached=mix.cached,
-                                        **({"step_need": planned.step_need} if planned is not None else {}))
+                                        **({"step_need": planned.step_need, "own_need": planned.own_need}
+                                           if planned is not None else {}))
             assert record is not None
             start += count
             compiled.append(watching(fn, self.flight, graph_name(record.graph),

@@ -145,6 +145,11 @@ class PartitionRecord:
     # (``held_before``), every call of this graph (in a mix, every plan's calls), what the
     # later graphs need beside them and keep to the step's end, and ``aside``.
     step_need: int = 0
+    # Bytes: the step's peak while this graph runs, as ``step_need`` but without the room
+    # kept for the later graphs, which their own records count with their plans. The
+    # largest over a step's records is its predicted peak; ``step_need`` may be above it
+    # where a survey's figure for the later graphs (reserve) was above their plans'.
+    own_need: int = 0
     grads: int = 0  # bytes of the parameters' gradients its backward produces
     # In a mix of plans for a graph's calls (:class:`Mixed`): the calls, by position in the
     # step (a regional block's index), that run this plan; () where every call runs it.
@@ -1147,10 +1152,14 @@ class RematPartitioner(CustomPartitionerFn):
                        static_lifetime_input_indices=static)
         if self.options.verify:
             verify(joint, captured, result.plan, emitted)
-        need = (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=mix.reserve)
-                if mix is not None else
-                calls_need([tier(problem, report)], [calls], grads=grads, reserve=reserve, carried=carried,
-                           dropped=recomputed, recompute=recomputing.recompute if recomputing is not None else 0))
+        def calls_with(later: int) -> int:  # what the calls need with ``later`` for the later graphs
+            return (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=later)
+                    if mix is not None else
+                    calls_need([tier(problem, report)], [calls], grads=grads, reserve=later, carried=carried,
+                               dropped=recomputed,
+                               recompute=recomputing.recompute if recomputing is not None else 0))
+
+        need, alone = calls_with(mix.reserve if mix is not None else reserve), calls_with(0)
         # Under outputs="dropped", the earlier graphs' outputs a loss graph reads and does not
         # save are gone once the model's forward returns: off what the step holds in its
         # backward (the earlier graphs count them held to the step's end). Not off what it
@@ -1163,6 +1172,7 @@ class RematPartitioner(CustomPartitionerFn):
         if freed_bytes and held >= freed_bytes:  # the earlier graphs' holds, counted in this step
             one = tier(problem, report)  # solvers.mix.need of one call, its backward without them
             need = max(one.forward, one.backward - freed_bytes, one.holds + reserve)
+            alone = max(one.forward, one.backward - freed_bytes, one.holds)
         elif budget is not None:  # a budget not shared between graphs: nothing to take them off
             freed, freed_bytes = (), 0
         if graph is not None:
@@ -1198,6 +1208,7 @@ class RematPartitioner(CustomPartitionerFn):
             solver=result.solver, cached=planned.cached, graph=graph, held_before=held,
             holds=holds, size_bounds=bounds, calls=calls, grads=grads,
             step_budget=None if budget is None else budget + self.squeeze, step_need=held + after + aside + need,
+            own_need=held + after + aside + alone,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
             dropped=dropped, freed=freed, freed_bytes=freed_bytes, inputs_recomputed=recomputed,
             carried=0 if carrying is None else carrying.carried,

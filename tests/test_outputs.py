@@ -212,8 +212,8 @@ def test_a_loss_graph_frees_the_logits_an_earlier_graph_returned(regions: bool) 
     assert [r.freed_bytes for r in records if r.freed_bytes] == [GPT2_LOGITS]
     model.zero_grad(set_to_none=True)
     peak = profiler_peak(lambda: gpt2_loss_only(step))
-    predicted = max(r.step_need for r in records)
-    assert peak <= predicted + GPT2_OUTSIDE, (peak, predicted)
+    predicted = max(r.own_need for r in records)  # the step's peak, each graph's plan as it runs
+    assert peak <= predicted + GPT2_OUTSIDE <= max(r.step_need for r in records) + GPT2_OUTSIDE, (peak, predicted)
     assert predicted - peak < GPT2_LOGITS // 2, (peak, predicted)
 
 

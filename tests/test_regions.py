@@ -101,6 +101,10 @@ def test_regional_step_holds_the_budget_with_eagers_gradients(share: float) -> N
     # the measured one, and within the budget
     predicted = max(r.step_need for r in rematc.records())
     assert peak <= predicted + OUTSIDE and predicted <= budget, (peak, predicted, budget)
+    # the step's predicted peak (each graph's plan as it runs, without the room it kept for
+    # the later ones) is not below the measured one either
+    own = max(r.own_need for r in rematc.records())
+    assert peak <= own + OUTSIDE and own <= predicted, (peak, own, predicted)
 
 
 def _regional_step_as_eagers(budget: int) -> tuple[nn.Module, Any, list[rematc.PartitionRecord]]:
