@@ -44,11 +44,11 @@ BACKSTOP = solvers.deadline.WALL_BACKSTOP  # as the package sets it (tests/conft
 # Deterministic seconds past a deterministic limit: CP-SAT's least share of a solve begun
 # before the limit (solvers.sat.LEAST_SOLVE) and the checker's replays of the last plans.
 WORK_OVERHEAD = 0.2
-# How much the work CP-SAT counts for the same search may vary with the machine's load: a
-# search stopped by a callback at its first plan within a target (the planner's seeding)
-# counts the work its other threads did before they saw the stop. This problem's solve
-# counted 0.152148 deterministic seconds alone, 0.151808-0.151992 beside two busy
-# processes, with the same plan each time.
+# How much the work CP-SAT counts for the same search may vary with the machine's load.
+# The first solve whose count differs is the planner's seeding search (stopped by a
+# callback at its first plan within a target); why it varies is not settled. This
+# problem's solve counted 0.152148 deterministic seconds alone, 0.151808-0.151992 beside
+# two busy processes, with the same plan each time.
 WORK_JITTER = 0.01
 
 
