@@ -319,12 +319,18 @@ def dropped_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> frozenset[fx
     returns (``Options.outputs="dropped"``): where the forward returns a loss (a 0-dim
     floating-point tensor), every other tensor it returns; none where it returns no loss
     (the caller computes one from what it returns, so holds that)."""
+    if not returns_loss(joint, num_fwd_outputs):
+        return frozenset()
     fwd_outputs, _, _, _ = extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
     vals = [(o, o.meta.get("val")) for o in fwd_outputs if isinstance(o, fx.Node)]
-    tensors = [(o, v) for o, v in vals if isinstance(v, torch.Tensor)]
-    if not any(v.dim() == 0 and v.is_floating_point() for _, v in tensors):
-        return frozenset()
-    return frozenset(o for o, v in tensors if v.dim() > 0)
+    return frozenset(o for o, v in vals if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+def returns_loss(joint: fx.GraphModule, num_fwd_outputs: int) -> bool:
+    """Whether the forward returns a loss: a 0-dim floating-point tensor."""
+    fwd_outputs, _, _, _ = extract_fwd_bwd_outputs(joint, num_fwd_outputs=num_fwd_outputs)
+    vals = [o.meta.get("val") for o in fwd_outputs if isinstance(o, fx.Node)]
+    return any(isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point() for v in vals)
 
 
 def step_outputs(joint: fx.GraphModule, num_fwd_outputs: int) -> set[fx.Node]:

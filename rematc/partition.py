@@ -46,7 +46,13 @@ from rematc._torch_compat import (
 )
 from rematc.annotate import NodeCost, annotate, is_random, transient_scratch
 from rematc.calls import Dropped, Signature, signature
-from rematc.capture import Captured, capture, place_addmm_operands, split_shared_pointwise
+from rematc.capture import (
+    Captured,
+    capture,
+    place_addmm_operands,
+    returns_loss,
+    split_shared_pointwise,
+)
 from rematc.devices import DeviceProfile, profile_for
 from rematc.donation import expected_donations
 from rematc.emit import emit, verify
@@ -505,11 +511,10 @@ def _storage_of(node: Any) -> Any:
 
 
 def kept_returns(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured,
-                 saved: Sequence[str]) -> list[Signature]:
+                 read: set[Any]) -> list[Signature]:
     """The signatures of the forward's outputs that its problem counts alive to the step's
-    end (kept, not an input's) and its backward does not read (no ``saved`` node's value
-    shares its storage), one per output."""
-    read = saved_storages(joint, saved)
+    end (kept, not an input's) and its backward does not read (their storage not in
+    ``read``: :func:`saved_storages`), one per output."""
     outputs = joint.graph.output_node().args[0]
     forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
     sigs = []
@@ -523,24 +528,21 @@ def kept_returns(joint: fx.GraphModule, num_fwd_outputs: int, captured: Captured
 
 
 def freed_inputs(joint: fx.GraphModule, num_fwd_outputs: int, static: Sequence[int],
-                 saved: Sequence[str], earlier: Sequence[Signature]) -> tuple[tuple[Dropped, ...], int]:
+                 read: set[Any], earlier: Sequence[Signature]) -> tuple[tuple[Dropped, ...], int]:
     """The inputs of a graph that returns a loss that a caller keeping only the loss has
     freed by the time its backward runs (``Options.outputs="dropped"``): activations
-    (tensors that require grad; not parameters or buffers) its backward does not read (no
-    ``saved`` node's value shares their storage), of a signature the graphs before it
+    (tensors that require grad; not parameters or buffers) its backward does not read
+    (their storage not in ``read``: :func:`saved_storages`), of a signature the graphs before it
     return and count alive to the step's end (``earlier``, at most as many of each). The
     graphs before count them held through every backward; this graph's backward runs
     without them. By signature, each with how many of the graph's other inputs of it may
     stay alive, as the check at the backward watches them
     (:func:`rematc.calls.outputs_kept`), and their bytes in all. None where the graph
     returns no loss."""
-    outputs = joint.graph.output_node().args[0]
-    forward = list(outputs)[:num_fwd_outputs] if isinstance(outputs, list | tuple) else []
-    vals = [o.meta.get("val") for o in forward if isinstance(o, fx.Node)]
-    if not any(isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point() for v in vals):
+    if not returns_loss(joint, num_fwd_outputs):
         return (), 0
+    outputs = joint.graph.output_node().args[0]
     grads = list(outputs)[num_fwd_outputs:] if isinstance(outputs, list | tuple) else []
-    read = saved_storages(joint, saved)
     left = {sig: earlier.count(sig) for sig in set(earlier)}
     primals = [p for p in joint.graph.find_nodes(op="placeholder") if is_primal(p)]
     freed: dict[Signature, tuple[int, int]] = {}  # signature -> (how many, bytes of one)
@@ -1152,6 +1154,8 @@ class RematPartitioner(CustomPartitionerFn):
                        static_lifetime_input_indices=static)
         if self.options.verify:
             verify(joint, captured, result.plan, emitted)
+        read = saved_storages(joint, emitted.saved)
+
         def calls_with(later: int) -> int:  # what the calls need with ``later`` for the later graphs
             return (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=later)
                     if mix is not None else
@@ -1167,7 +1171,7 @@ class RematPartitioner(CustomPartitionerFn):
         freed: tuple[Dropped, ...] = ()
         freed_bytes = 0
         if self.options.outputs == "dropped" and calls == 1 and mix is None and recomputing is None:
-            freed, freed_bytes = freed_inputs(joint, num_fwd_outputs, static, emitted.saved,
+            freed, freed_bytes = freed_inputs(joint, num_fwd_outputs, static, read,
                                               self.share.returned_earlier(graph))
         if freed_bytes and held >= freed_bytes:  # the earlier graphs' holds, counted in this step
             one = tier(problem, report)  # solvers.mix.need of one call, its backward without them
@@ -1176,7 +1180,7 @@ class RematPartitioner(CustomPartitionerFn):
         elif budget is not None:  # a budget not shared between graphs: nothing to take them off
             freed, freed_bytes = (), 0
         if graph is not None:
-            self.share.returns[graph] = kept_returns(joint, num_fwd_outputs, captured, emitted.saved)
+            self.share.returns[graph] = kept_returns(joint, num_fwd_outputs, captured, read)
         keeps = lasting(captured.problem, grads) * calls
         if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
             self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)

@@ -56,7 +56,7 @@ from rematc._torch_compat import (
 )
 from rematc.onmeta import flash_attention, losses_written_out, none_packed, packed_check_replaced
 from rematc.options import Options
-from rematc.partition import BudgetShare, Need, holds_after_forward, tier
+from rematc.partition import BudgetShare, Need, tier
 from solvers import InfeasibleBudgetError, Plan, Problem, check
 from solvers.baselines import holding_ladder, recompute_every
 from solvers.mix import need
@@ -499,11 +499,10 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
             else:
                 least = None
         report = check(free, least or record.plan)
-        needs.append(Need(calls=record.calls, peak=report.peak,
-                          holds=holds_after_forward(record.problem, report),
+        one = tier(record.problem, report)
+        needs.append(Need(calls=record.calls, peak=report.peak, holds=one.holds,
                           grads=record.grads, before=between, carried=record.carried,
-                          freed=record.freed_bytes,
-                          forward=max(report.timeline[:free.n_forward], default=0)))
+                          freed=record.freed_bytes, forward=one.forward))
     return tuple(needs)
 
 
