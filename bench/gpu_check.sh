@@ -9,7 +9,10 @@
 # PARTS: gpt2_sdpa gpt_test gpt_dropout llama_offload tests (by default), and wholestep (the
 # whole step's memory, bench/wholestep.py --device cuda), auto and auto_bf16 (bench/gpu_auto.py,
 # fp32 and bf16 autocast) and llama_stack (eight Llama-2-7B layers at checkpointing's peak,
-# offload against recompute-only, with the host link's measured bandwidth) when named.
+# offload against recompute-only, with the host link's measured bandwidth) and regions (an
+# 8-layer transformers Llama 2048 wide, bench/regions.py: rematc regions=True at HF
+# checkpointing's measured peak and at 0.8 of it, against HF checkpointing and the default
+# regional compile) when named.
 # WHEELS (default .whl) holds wheels of what the machine lacks (ortools, immutabledict,
 # protobuf); they are installed into a scratch folder put first on PYTHONPATH. Each part
 # has its own time limit, so the default parts end within 10 minutes.
@@ -54,5 +57,7 @@ part llama_stack 420 python3 -m bench.gpu_check "$out" --model llama_stack --dea
 part wholestep 300 python3 -m bench.wholestep --device cuda --out "$out/wholestep-cuda.md"
 part auto 240 python3 -m bench.gpu_auto "$out"
 part auto_bf16 240 python3 -m bench.gpu_auto "$out" --precision bf16-mixed
+part regions 520 python3 -m bench.regions --layers 8 --hidden 2048 --seq 1024 --batch 4 --device cuda \
+    --shares 1.0 0.8 --only hf_ckpt compile_regional rematc_regions --out "$out"
 part tests 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not harness"
 echo "== done in $((SECONDS - start)) s"

@@ -10,6 +10,11 @@ budgets are set from HF gradient checkpointing's measured peak under the default
     python -m bench.regions --layers 32 --rounds 2 --out bench/results/regions
     python -m bench.regions --model gpt2 --layers 32 --rounds 2 --out bench/results/regions
 
+``--hidden``, ``--seq`` and ``--device cuda`` run a wider, longer model on a GPU (TF32
+matmuls; peaks from CUDA's caching allocator, above what was alive before the step):
+
+    python -m bench.regions --layers 16 --hidden 1024 --seq 1024 --batch 8 --device cuda --out bench/results/regions
+
 ``--side-by-side`` compares steps in one process instead: HF gradient checkpointing under
 the default whole-model ``torch.compile`` and rematc ``regions=True`` at its measured peak
 (given as ``--budget``, or measured first), both built from the same weights, their steps
@@ -35,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,40 +51,75 @@ STEPS = 5  # steps timed after the first
 MODELS = ("llama", "gpt2")
 
 
-def build(layers: int, model: str = "llama", batch: int = 4) -> tuple[Any, Any]:
-    """transformers' causal LM of ``model``'s kind at width 128 (4 heads), ``layers`` deep,
-    vocabulary 1024, no dropout, random weights; and a batch of ``batch`` x 256 token ids."""
+@dataclass(frozen=True)
+class Shape:
+    """The model of a run: transformers' causal LM of ``model``'s kind, ``layers`` deep,
+    ``hidden`` wide (heads of 32 at width 128 and 256, of 64 above; Llama: half as many KV
+    heads, MLP 2.6875x wide), vocabulary 1024, no dropout, random weights, on ``device``;
+    steps of ``batch`` x ``seq`` tokens."""
+
+    model: str = "llama"
+    layers: int = 32
+    batch: int = 4
+    hidden: int = 128
+    seq: int = 256
+    device: str = "cpu"
+
+    def args(self) -> list[str]:
+        return ["--model", self.model, "--layers", str(self.layers), "--batch", str(self.batch),
+                "--hidden", str(self.hidden), "--seq", str(self.seq), "--device", self.device]
+
+    def stem(self) -> str:
+        """llama32, gpt2-32; the width, length and device where they are not the defaults."""
+        stem = f"{self.model}{'-' if self.model[-1].isdigit() else ''}{self.layers}"
+        stem += f"-h{self.hidden}" if self.hidden != 128 else ""
+        stem += f"-seq{self.seq}" if self.seq != 256 else ""
+        return stem + (f"-{self.device}" if self.device != "cpu" else "")
+
+
+def build(shape: Shape) -> tuple[Any, Any]:
+    """``shape``'s model, in training mode on its device, and a batch of token ids there."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    if model == "gpt2":
-        config: Any = transformers.GPT2Config(n_embd=128, n_head=4, n_layer=layers, vocab_size=1024,
-                                              n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
-                                              attn_pdrop=0.0, use_cache=False)
+    heads = 4 if shape.hidden <= 256 else shape.hidden // 64
+    if shape.model == "gpt2":
+        config: Any = transformers.GPT2Config(n_embd=shape.hidden, n_head=heads, n_layer=shape.layers,
+                                              vocab_size=1024, n_positions=shape.seq, resid_pdrop=0.0,
+                                              embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
         config._attn_implementation = "sdpa"
         lm: Any = transformers.GPT2LMHeadModel(config)
     else:
-        config = transformers.LlamaConfig(hidden_size=128, intermediate_size=344, num_attention_heads=4,
-                                          num_key_value_heads=2, num_hidden_layers=layers, vocab_size=1024,
-                                          max_position_embeddings=256, use_cache=False)
+        config = transformers.LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.hidden * 344 // 128,
+                                          num_attention_heads=heads, num_key_value_heads=heads // 2,
+                                          num_hidden_layers=shape.layers, vocab_size=1024,
+                                          max_position_embeddings=shape.seq, use_cache=False)
         config._attn_implementation = "sdpa"
         lm = transformers.LlamaForCausalLM(config)
     lm.train()
-    ids = torch.randint(0, 1024, (batch, 256), generator=torch.Generator().manual_seed(0))
-    return lm, ids
+    ids = torch.randint(0, 1024, (shape.batch, shape.seq), generator=torch.Generator().manual_seed(0))
+    if shape.device.startswith("cuda"):
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls, as training on the GPU runs
+    return lm.to(shape.device), ids.to(shape.device)
 
 
-def worker(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama",
-           outputs: str = "kept", batch: int = 4) -> dict[str, Any]:
+def _sync(shape: Shape) -> None:
+    import torch
+
+    if shape.device.startswith("cuda"):
+        torch.cuda.synchronize(shape.device)
+
+
+def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: str = "kept") -> dict[str, Any]:
     """One configuration in this process: its first step, step median, peak and loss."""
     import torch
 
     import rematc
-    from rematc.memory import profiler_peak
+    from rematc.memory import measure_peak
     from rematc.regions import repeated_blocks
 
-    model, ids = build(layers, kind, batch)
+    model, ids = build(shape)
     if config == "hf_ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config in ("compile", "hf_ckpt"):
@@ -104,11 +145,12 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
     times = []
     for _ in range(STEPS):
         model.zero_grad(set_to_none=True)
+        _sync(shape)
         t = time.perf_counter()
-        step()
+        step()  # .item() waits for the device
         times.append(time.perf_counter() - t)
     model.zero_grad(set_to_none=True)
-    peak = profiler_peak(step)
+    peak = measure_peak(step, device=shape.device)
     records = rematc.records()
     # the step's predicted peak: the largest of what each graph's plan counts on while it
     # runs (every call, the graphs before it, the later graphs' gradients); a mix's plans
@@ -124,7 +166,7 @@ def worker(config: str, layers: int, budget: int | None, cache: str, kind: str =
             "cached": all(r.cached or r.solver == "save_all" for r in records) if records else None}
 
 
-def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15, batch: int = 4) -> dict[str, Any]:
+def side_by_side(shape: Shape, budget: int, pairs: int = 15) -> dict[str, Any]:
     """HF checkpointing (whole-model compile) and rematc ``regions=True`` at ``budget`` in
     this process, their steps alternated (``pairs`` of each after a first step and two
     warm-up steps): the step medians, the median of the pairs' ratios (rematc over HF's),
@@ -133,8 +175,8 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15,
 
     import rematc
 
-    hf, ids = build(layers, kind, batch)
-    ours, _ = build(layers, kind, batch)
+    hf, ids = build(shape)
+    ours, _ = build(shape)
     ours.load_state_dict(hf.state_dict())
     hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # rematc's first step first, though either order plans alike (rematc.partition.GraphKey)
@@ -144,10 +186,12 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15,
     def step(name: str) -> tuple[float, float]:
         model, compiled = steps[name]
         model.zero_grad(set_to_none=True)
+        _sync(shape)
         t = time.perf_counter()
         loss = compiled(input_ids=ids, labels=ids).loss
         loss.backward()
-        return time.perf_counter() - t, float(loss.item())
+        value = float(loss.item())
+        return time.perf_counter() - t, value
 
     losses = {name: step(name)[1] for name in steps}
     for _ in range(2):
@@ -164,12 +208,10 @@ def side_by_side(layers: int, budget: int, kind: str = "llama", pairs: int = 15,
             "ratio": statistics.median(ratios), "ratios": sorted(ratios)}
 
 
-def run(config: str, layers: int, budget: int | None, cache: str, kind: str = "llama",
-        outputs: str = "kept", batch: int = 4) -> dict[str, Any]:
+def run(config: str, shape: Shape, budget: int | None, cache: str, outputs: str = "kept") -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-    args = [sys.executable, "-m", "bench.regions", "--worker", config, "--layers", str(layers),
-            "--cache", cache, "--model", kind, "--outputs", outputs, "--batch", str(batch)] + (
-                [] if budget is None else ["--budget", str(budget)])
+    args = [sys.executable, "-m", "bench.regions", "--worker", config, *shape.args(), "--cache", cache,
+            "--outputs", outputs] + ([] if budget is None else ["--budget", str(budget)])
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -183,7 +225,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=MODELS, default="llama")
     parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=4, help="sequences of 256 tokens per step")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--hidden", type=int, default=128, help="the model's width")
+    parser.add_argument("--seq", type=int, default=256, help="tokens per sequence")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (TF32 matmuls; peaks from CUDA's allocator)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.8])
     parser.add_argument("--only", nargs="+", help="run only the configurations named (prefixes)")
@@ -198,20 +243,20 @@ def main() -> None:
                         help="rematc's outputs option: the step keeps only the loss, so 'dropped' is its "
                              "exact count; 'kept' counts the logits alive to the step's end")
     a = parser.parse_args()
+    shape = Shape(a.model, a.layers, a.batch, a.hidden, a.seq, a.device)
     if a.side_by_side:
-        budget = a.budget or run("hf_ckpt", a.layers, None, "off", a.model, batch=a.batch)["peak"]
-        result = side_by_side(a.layers, budget, a.model, a.pairs, a.batch)
+        budget = a.budget or run("hf_ckpt", shape, None, "off")["peak"]
+        result = side_by_side(shape, budget, a.pairs)
         print(json.dumps(result))
         if a.out:
             a.out.mkdir(parents=True, exist_ok=True)
-            stem = f"{a.model}{'-' if a.model[-1].isdigit() else ''}{a.layers}-side-by-side"
-            (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+            (a.out / f"{shape.stem()}-side-by-side.json").write_text(json.dumps(result, indent=1) + "\n")
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.layers, a.budget, a.cache, a.model, a.outputs, a.batch)))
+        print(json.dumps(worker(a.worker, shape, a.budget, a.cache, a.outputs)))
         return
     rows: list[dict[str, Any]] = []
-    reference = run("hf_ckpt", a.layers, None, "off", a.model, batch=a.batch)
+    reference = run("hf_ckpt", shape, None, "off")
     rows.append({**reference, "round": 0})
     for r in range(a.rounds):
         plans = tempfile.mkdtemp(prefix="rematc-plans-")
@@ -227,11 +272,11 @@ def main() -> None:
             configs = configs[::-1]
             configs = sorted(configs, key=lambda c: "_warm@" in c[0])
         for config, budget, cache in configs:
-            row = {**run(config.split("@")[0].replace("_warm", ""), a.layers, budget, cache, a.model,
-                         a.outputs, a.batch), "config": config, "round": r + 1, "outputs": a.outputs}
+            row = {**run(config.split("@")[0].replace("_warm", ""), shape, budget, cache, a.outputs),
+                   "config": config, "round": r + 1, "outputs": a.outputs}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    table = render(rows, a.layers, a.model, a.batch)
+    table = render(rows, shape)
     if a.outputs == "dropped":
         table += "\n\nrematc's rows with outputs='dropped' (the step keeps only the loss)."
     print(table)
@@ -239,21 +284,22 @@ def main() -> None:
         a.out = a.out / "partial"
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        stem = f"{a.model}{'-' if a.model[-1].isdigit() else ''}{a.layers}-regions"  # llama32, gpt2-32
-        stem += "-outputs-dropped" if a.outputs == "dropped" else ""
+        stem = shape.stem() + ("-regions-outputs-dropped" if a.outputs == "dropped" else "-regions")
         stem += f"-batch{a.batch}" if a.batch != 4 else ""
         (a.out / f"{stem}.md").write_text(table + "\n")
         (a.out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
-def render(rows: list[dict[str, Any]], layers: int, kind: str = "llama", batch: int = 4) -> str:
+def render(rows: list[dict[str, Any]], shape: Shape) -> str:
     by: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row["round"]:
             by.setdefault(row["config"], []).append(row)
     base = by.get("compile", [])
-    name = "GPT-2" if kind == "gpt2" else "Llama"
-    out = [f"transformers {name}, {layers} layers, hidden 128, batch {batch}, seq 256 (CPU, medians over rounds)", "",
+    name = "GPT-2" if shape.model == "gpt2" else "Llama"
+    where = "CPU" if shape.device == "cpu" else f"{shape.device}, TF32 matmuls"
+    out = [f"transformers {name}, {shape.layers} layers, hidden {shape.hidden}, batch {shape.batch}, "
+           f"seq {shape.seq} ({where}, medians over rounds)", "",
            "| config | budget MiB | first step s | x compile's | step s | x hf_ckpt's | peak MiB | predicted MiB | loss |",
            "|---|---|---|---|---|---|---|---|---|"]
     ckpt = by.get("hf_ckpt", [])

@@ -3,7 +3,7 @@ too big for the machine: :func:`stand_ins` holds them all while a model on meta 
 (:func:`rematc.trace.trace`).
 
 On meta tensors ``F.scaled_dot_product_attention`` picks no fused kernel and traces as
-softmax attention that keeps its scores (:func:`flash_attention`).
+softmax attention that keeps its scores, with a mask or without (:func:`flash_attention`).
 
 On meta tensors ``aten::nll_loss`` has no autograd kernel (torch 2.13): a model whose
 loss is ``F.cross_entropy`` or ``F.nll_loss``, as every transformers model's is, traces
@@ -118,17 +118,27 @@ def flash_attention() -> Iterator[None]:
     matrices a device with flash attention never holds. While tracing on meta, it calls
     the CPU flash-attention op instead: the same inputs, output and saved log-sum-exp as
     a GPU's flash kernel. Grouped-query key and value heads are read in place, as the
-    fused kernels read them (the op takes fewer key and value heads than query heads)."""
+    fused kernels read them (the op takes fewer key and value heads than query heads). A
+    mask goes to the op as well (a boolean one made additive first, as SDPA does), as a
+    GPU's memory-efficient kernel takes one: torch before 2.14 builds transformers' causal
+    mask under Dynamo (``torch.compiler.is_exporting()`` reads as true there), and masked
+    softmax attention held two 512 MiB score matrices per block of a 32-head Llama at 4 x
+    1,024 tokens, whose regional survey then refused HF checkpointing's measured peak as
+    infeasible."""
     plain = F.scaled_dot_product_attention
 
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
               enable_gqa: bool = False) -> torch.Tensor:
-        if attn_mask is not None or dropout_p or q.dim() != 4:
+        if dropout_p or q.dim() != 4:
             return plain(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                          scale=scale, enable_gqa=enable_gqa)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # as SDPA turns a boolean mask into an additive one before its fused kernels
+            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask.logical_not(),
+                                                                               float("-inf"))
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, scale=scale)[0]
+            q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
     F.scaled_dot_product_attention = flash  # type: ignore[assignment]
     try:

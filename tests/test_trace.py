@@ -133,6 +133,36 @@ def test_a_transformers_causal_lm_on_meta_traces_flash_attention() -> None:
     assert masking.find_packed_sequence_indices is check
 
 
+class MaskedAttention(nn.Module):
+    """Attention under an explicit boolean causal mask, as transformers' models run it
+    where they build one (under Dynamo on torch before 2.14)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.register_buffer("mask", torch.ones(64, 64, dtype=torch.bool).tril())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (4, 8)).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask).sum()
+
+
+def test_masked_attention_on_meta_traces_a_fused_kernel() -> None:
+    """A GPU's memory-efficient kernel takes a mask and keeps no scores; on meta, masked
+    attention traced as softmax holding two score matrices (two 512 MiB ones per block of
+    a 32-head Llama at 4 x 1,024 tokens, which made a regional survey refuse HF
+    checkpointing's peak as infeasible). It traces as the fused op, the mask made
+    additive as SDPA makes it."""
+    with torch.device("meta"):
+        model, inputs = MaskedAttention(), (torch.zeros(2, 64, 32),)
+    problem = trace(model, inputs, device="h100", target="eager").problem
+    ops = {n.op for n in problem.nodes}
+    assert any("flash_attention" in op and "backward" in op for op in ops), sorted(ops)
+    assert not {"aten._softmax", "aten._safe_softmax", "aten.bmm"} & ops, "attention traced as explicit softmax"
+    scores = 2 * 4 * 64 * 64 * 4  # bytes of one score matrix of the batch's heads
+    assert max(n.size for n in problem.nodes) < scores
+
+
 class Weighted(nn.Module):
     def __init__(self) -> None:
         super().__init__()
