@@ -111,8 +111,10 @@ def _sync(shape: Shape) -> None:
         torch.cuda.synchronize(shape.device)
 
 
-def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: str = "kept") -> dict[str, Any]:
-    """One configuration in this process: its first step, step median, peak and loss."""
+def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: str = "kept",
+           diagnose: bool = False) -> dict[str, Any]:
+    """One configuration in this process: its first step, step median, peak and loss;
+    ``diagnose``: :func:`where_peaks` printed as well."""
     import torch
 
     import rematc
@@ -152,6 +154,8 @@ def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: s
     model.zero_grad(set_to_none=True)
     peak = measure_peak(step, device=shape.device)
     records = rematc.records()
+    if diagnose:
+        where_peaks(step, shape, records)
     # the step's predicted peak: the largest of what each graph's plan counts on while it
     # runs (every call, the graphs before it, the later graphs' gradients); a mix's plans
     # carry the mix's
@@ -164,6 +168,39 @@ def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: s
             "inputs_recomputed": recomputed,
             # saving everything is checked, never searched for, so never cached
             "cached": all(r.cached or r.solver == "save_all" for r in records) if records else None}
+
+
+def where_peaks(step: Any, shape: Shape, records: Any, top: int = 25) -> None:
+    """Prints each graph's plan (calls, holds, predicted and generated peaks, own need)
+    and, on CUDA, the allocator's blocks alive at one step's peak, each with the line of
+    generated code (or the Python frames) that allocated it (:func:`bench.replay.live_at_peak`)."""
+    import torch
+
+    for r in records:
+        print(f"plan {r.graph}: calls {r.calls}, {r.solver}, holds {r.holds:,}, predicted {r.predicted_peak:,}, "
+              f"generated {r.generated_peak}, own need {r.own_need:,}, step need {r.step_need:,}, "
+              f"held before {r.held_before:,}", file=sys.stderr)
+    if not shape.device.startswith("cuda"):
+        return
+    from bench.replay import live_at_peak
+
+    device = torch.device(shape.device)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python", device=device)
+    try:
+        step()
+        torch.cuda.synchronize(device)
+        snapshot = torch.cuda.memory._snapshot(device)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+    events = snapshot["device_traces"][device.index or 0]
+    generated = {f["filename"] for e in events for f in e.get("frames", []) if "torchinductor" in f["filename"]}
+    held, blocks = live_at_peak(events, generated)
+    print(f"allocator: {held:,} B allocated in the step at its peak ({before:,} B before), "
+          f"{len(blocks)} blocks", file=sys.stderr)
+    for block in blocks[:top]:
+        print(f"    {block.nbytes:>14,}  {block.where[:220]}", file=sys.stderr)
 
 
 def side_by_side(shape: Shape, budget: int, pairs: int = 15) -> dict[str, Any]:
@@ -242,6 +279,8 @@ def main() -> None:
     parser.add_argument("--outputs", choices=("kept", "dropped"), default="kept",
                         help="rematc's outputs option: the step keeps only the loss, so 'dropped' is its "
                              "exact count; 'kept' counts the logits alive to the step's end")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="with --worker: each graph's plan, and on CUDA what is alive at the step's peak")
     a = parser.parse_args()
     shape = Shape(a.model, a.layers, a.batch, a.hidden, a.seq, a.device)
     if a.side_by_side:
@@ -253,7 +292,7 @@ def main() -> None:
             (a.out / f"{shape.stem()}-side-by-side.json").write_text(json.dumps(result, indent=1) + "\n")
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, shape, a.budget, a.cache, a.outputs)))
+        print(json.dumps(worker(a.worker, shape, a.budget, a.cache, a.outputs, a.diagnose)))
         return
     rows: list[dict[str, Any]] = []
     reference = run("hf_ckpt", shape, None, "off")

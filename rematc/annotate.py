@@ -78,7 +78,8 @@ def annotate(gm: fx.GraphModule, device: DeviceProfile, *, fuses: bool = False) 
     their scratch memory (:func:`workspaces`)."""
     owners: dict[StorageWeakRef, fx.Node] = {}
     costs: dict[fx.Node, NodeCost] = {}
-    scratch = workspaces(list(gm.graph.nodes), channels_last=fuses and channels_last_convolutions(gm))
+    scratch = workspaces(list(gm.graph.nodes), channels_last=fuses and channels_last_convolutions(gm),
+                         inductor=fuses)
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
@@ -219,12 +220,14 @@ _WORKSPACES: dict[str, int] = {}
 PROBE_TIMEOUT = 600.0  # seconds for the fresh process that measures while a profiler records here
 
 
-def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict[fx.Node, int]:
+def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False,
+               inductor: bool = False) -> dict[fx.Node, int]:
     """Bytes each op of ``nodes`` allocates for itself while it runs, beyond its outputs'
     storage: measured once per distinct call for the CPU kernels of :data:`PROBED` (in
     Inductor's channels-last layout with ``channels_last``), 0 for every other op. A
     convolution backward that cannot be measured counts two weight-sized buffers, with a
-    warning. Rule 11 of docs/inductor-memory.md."""
+    warning. Rule 11 of docs/inductor-memory.md. With ``inductor``, also the dense copy of
+    a broadcast attention bias (:func:`dense_bias_bytes`, rule 16)."""
     calls: dict[fx.Node, str] = {}
     for node in nodes:
         outs = tensors(node.meta.get("val"))
@@ -242,7 +245,46 @@ def workspaces(nodes: Sequence[fx.Node], *, channels_last: bool = False) -> dict
         elif node.target is _aten.convolution_backward.default:
             outs = tensors(node.meta.get("val"))
             out[node] = 2 * storage_bytes(outs[1]) if len(outs) > 1 and outs[0].device.type == "cpu" else 0
+        elif inductor and (dense := dense_bias_bytes(node)):
+            out[node] = dense
     return out
+
+
+# Ops to which Inductor hands their attention bias (the argument at this index) with dense,
+# aligned strides (``torch._inductor.lowering.sdpa_constraint``): the memory-efficient
+# attention's backward on CUDA. A bias the backward reads as an input (saved, or a graph
+# input), broadcast over heads or batch (stride 0), is passed as it is where its rows are
+# aligned (SDPA_BIAS_ALIGNMENT elements); one the backward computes, or with unaligned rows,
+# is written out at its full broadcast shape just before the call and freed after it:
+# transformers' causal mask of (batch, 1, S, S) recomputed in a block's backward became a
+# 512 MiB buffer at 32 heads and 4 x 1,024 tokens.
+DENSE_BIAS_OPS: dict[Any, int] = {_aten._scaled_dot_product_efficient_attention_backward.default: 4}
+SDPA_BIAS_ALIGNMENT = 8
+
+
+def broadcast_bias(node: fx.Node) -> torch.Tensor | None:
+    """The bias of ``node``, an op of :data:`DENSE_BIAS_OPS` on a CUDA device, where it is
+    broadcast along a dimension; None otherwise. Rule 16 of docs/inductor-memory.md."""
+    index = DENSE_BIAS_OPS.get(node.target)
+    arg = node.args[index] if index is not None and index < len(node.args) else None
+    if not isinstance(arg, fx.Node):
+        return None
+    bias = arg.meta.get("val")
+    if not isinstance(bias, torch.Tensor) or bias.device.type != "cuda":
+        return None
+    if not any(stride == 0 and size > 1 for size, stride in zip(bias.shape, bias.stride(), strict=True)):
+        return None
+    return bias
+
+
+def dense_bias_bytes(node: fx.Node) -> int:
+    """Bytes of the dense copy Inductor makes of ``node``'s broadcast bias whatever the
+    plan: where its rows are not aligned (a bias the backward computes is copied too, but
+    rematc saves those: ``rematc.capture.broadcast_bias_sources``). 0 otherwise."""
+    bias = broadcast_bias(node)
+    if bias is None or bias.shape[-1] % SDPA_BIAS_ALIGNMENT == 0:
+        return 0
+    return int(bias.numel()) * bias.element_size()
 
 
 # Matmuls whose CPU kernels allocate scratch: oneDNN in low precision (50-260 kB for

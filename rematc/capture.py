@@ -57,8 +57,10 @@ from rematc._torch_compat import (
     tree_map_only,
 )
 from rematc.annotate import (
+    DENSE_BIAS_OPS,
     META_KEY,
     NodeCost,
+    broadcast_bias,
     channels_last_convolutions,
     storage_bytes,
     tensors,
@@ -248,6 +250,8 @@ def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
     """One :class:`Node` per value: its bytes, the time it takes, what it reads."""
     unstored = c.unstored_backward
     stale = reads_mutated_input(c.nodes, c.forward, c.costs)
+    if c.inductor:
+        stale |= broadcast_bias_sources(c.nodes, c.forward, c.costs)
     out: list[Node] = []
     for i, group in enumerate(c.groups):
         head = group[0]
@@ -1108,6 +1112,27 @@ def checkpointed_values(problem: Problem, groups: Sequence[Sequence[fx.Node]]) -
 def _tagged_recompute(n: fx.Node) -> bool:
     return n.meta.get("recompute") in (CheckpointPolicy.MUST_RECOMPUTE,
                                        CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def broadcast_bias_sources(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],
+                           costs: dict[fx.Node, NodeCost]) -> frozenset[fx.Node]:
+    """Forward values that an attention backward of :data:`rematc.annotate.DENSE_BIAS_OPS`
+    reads through a broadcast view as its bias: save-only under Inductor. Saved, the
+    backward reads the bias as a realized input, broadcast in place; recomputed in the
+    backward, Inductor writes it out at the broadcast shape for the kernel (a (batch, 1,
+    S, S) mask over 32 heads: a copy 32 times its size). Rule 16 of
+    docs/inductor-memory.md; :func:`rematc.annotate.dense_bias_bytes` counts the copy
+    made all the same, of a bias whose rows are not aligned."""
+    sources: set[fx.Node] = set()
+    for n in nodes:
+        if n in forward or broadcast_bias(n) is None:
+            continue
+        bias = n.args[DENSE_BIAS_OPS[n.target]]
+        while isinstance(bias, fx.Node) and bias in costs and costs[bias].is_view and bias.args:
+            bias = bias.args[0]
+        if isinstance(bias, fx.Node) and bias in forward and bias.op == "call_function":
+            sources.add(bias)
+    return frozenset(sources)
 
 
 def reads_mutated_input(nodes: Sequence[fx.Node], forward: frozenset[fx.Node],

@@ -167,8 +167,10 @@ def _namespace() -> dict[str, Any]:
     a statement that calls one fails to evaluate and is skipped."""
     extern_kernels = inductor_extern_kernels()
     return {
+        # __import__: a tensor method's native code imports through the calling frame's
+        # builtins (a reduction over Inductor's workspace slice, ``workspace[a:b].sum()``)
         "__builtins__": {"None": None, "True": True, "False": False, "int": int, "float": float,
-                         "max": max, "min": min, "len": len},
+                         "max": max, "min": min, "len": len, "__import__": __import__},
         "torch": torch, "aten": torch.ops.aten, "inductor_ops": torch.ops.inductor,
         "extern_kernels": extern_kernels, "device": torch.device,
         "reinterpret_tensor": _reinterpret_tensor,

@@ -124,6 +124,14 @@ RULES: tuple[InductorRule, ...] = (
         "Node.unstored RECOMPUTED: no buffer of its own",
         ("rematc.capture.inline_values", "rematc.capture.COPYING_SCATTERS"),
         "tests/test_inductor_rules.py::test_an_embedding_gradient_peaks_where_the_model_says"),
+    InductorRule(
+        16, "Broadcast attention biases of the memory-efficient backward",
+        "a value the memory-efficient attention's backward reads through a broadcast as its bias (CUDA)",
+        "save-only (recomputed, Inductor writes it out at the broadcast shape); unaligned rows: "
+        "that copy counts as the backward's workspace",
+        ("rematc.capture.broadcast_bias_sources", "rematc.annotate.dense_bias_bytes"),
+        "tests/test_gpu.py::test_a_broadcast_attention_mask_is_saved_not_copied_on_cuda",
+        releases=((2, 11), (2, 13)), devices=frozenset({"cuda"})),
 )
 
 

@@ -100,6 +100,36 @@ def test_a_statement_the_walk_cannot_follow_is_named() -> None:
         step_peak(Generated(FORWARD, forward), Generated(source, backward), "cpu")
 
 
+# A backward as Inductor writes a reduction split across a workspace (on CUDA, its "mix
+# order reduction"): the result is a tensor method's value over a slice of the workspace.
+WORKSPACE_BACKWARD = '''
+def call(args):
+    buf0, buf4, tangents_1 = args
+    args.clear()
+    workspace_1 = empty_strided_cpu((524288, ), (1, ), torch.float32)
+    kernel.run(buf0, workspace_1, stream=stream0)
+    buf42 = workspace_1[0 * 256 * 2048 : (0 + 1) * 256 * 2048].view(256, 2048).sum(dim=0)
+    del workspace_1
+    del buf4
+    return (reinterpret_tensor(buf42, (2048, ), (1, ), 0), buf0, )
+'''
+
+
+def test_the_walk_follows_a_reduction_over_a_workspace() -> None:
+    """Inductor reduces a split reduction's workspace with tensor methods (on CUDA); the
+    walk could not call one (their native code imports through the calling frame's
+    builtins), so the check after compilation was off for every such graph, and a
+    regional Llama step on an H200 went 9.7% over its budget unchecked. (On CUDA as it is
+    written there; this build may have no CUDA to slice fake CUDA tensors with.)"""
+    forward = _graph({"primals_1": torch.empty(64, 64)}, ["view", "buf0", "buf4"])
+    backward = _graph({"buf0": None, "buf4": None, "tangents_1": torch.empty(4096)}, [])
+    peak = step_peak(Generated(FORWARD, forward), Generated(WORKSPACE_BACKWARD, backward), "cpu")
+    block, workspace, result = 64 * 64 * 4, 524288 * 4, 2048 * 4
+    # buf2 (held by the caller), buf0, buf4, the tangent and the workspace, then the sum
+    assert peak.backward == 4 * block + workspace + result
+    assert peak.where.startswith("backward: buf42 = workspace_1[")
+
+
 def _compiled_step(budget: float | None, **inductor: object) -> tuple[rematc.PartitionRecord, list[rematc.PartitionRecord], int]:
     config = GPTConfig(n_layer=2, d_model=64, n_head=2, seq_len=64, vocab=256)
     model, inputs = make_gpt(config, batch=4, seed=0)

@@ -150,3 +150,44 @@ def test_bench_harness_on_cuda(tmp_path: Path) -> None:
     assert int(planned["predicted_peak_bytes"]) <= int(planned["budget_bytes"])
     assert float(planned["loss"]) == pytest.approx(float(rows["compile_default"]["loss"]), rel=1e-4)
     assert "max_memory_allocated" in (tmp_path / "gpt_tiny.md").read_text()
+
+
+class MaskedAttention(torch.nn.Module):
+    """Attention under a boolean causal mask of (batch, 1, S, S), broadcast over heads,
+    as transformers passes one where it builds its mask."""
+
+    def __init__(self, width: int = 512, heads: int = 8) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(y.transpose(1, 2).flatten(2)).square().mean()
+
+
+@pytest.mark.canary
+def test_a_broadcast_attention_mask_is_saved_not_copied_on_cuda() -> None:
+    """Canary of rule 16 (``rematc.capture.broadcast_bias_sources``): Inductor copies the
+    bias of the memory-efficient attention's backward at its broadcast shape where the
+    backward recomputes it, not where it reads it saved. Recomputed unplanned for, a mask
+    put a regional Llama step on an H200 9.7% over its budget; saved (as rematc now keeps
+    it under Inductor), the generated code holds what the plan predicts and the step
+    measures within it, at a budget that binds; gradients equal eager's."""
+    torch.manual_seed(0)
+    batch, seq = 4, 512
+    model = MaskedAttention().cuda()
+    x = torch.randn(batch, seq, 512, device="cuda", requires_grad=True)
+    mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool, device="cuda").tril()
+    reference = run_step(model, model, (x, mask))
+    compiled = rematc.compile(model, budget=0.5)
+    result = run_step(model, compiled, (x, mask))
+    assert_same_step(reference, result, rtol=1e-3, atol=1e-4)
+    peak = cuda_peak(lambda: compiled(x, mask).backward())
+    record = rematc.records()[-1]
+    print(f"predicted {record.predicted_peak} B, generated {record.generated_peak} B, measured {peak} B")
+    assert record.generated_peak is not None, "the check after compilation did not walk the code"
+    assert record.generated_peak <= record.predicted_peak * SLACK
+    assert peak <= record.predicted_peak * SLACK

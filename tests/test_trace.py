@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from typing import Any
 
 import pytest
 import torch
@@ -200,3 +201,39 @@ def test_the_written_out_losses_equal_the_library_s(reduction: str) -> None:
         results.append((ce.detach(), nll.detach(), x.grad))
     for plain, written_out in zip(*results, strict=True):
         torch.testing.assert_close(written_out, plain)
+
+
+def test_a_broadcast_attention_bias_is_saved_for_the_efficient_attention_backward() -> None:
+    """Rule 16 on fake CUDA tensors (no GPU needed). Inductor copies the bias of the
+    memory-efficient attention's backward at its broadcast shape where the backward
+    computes it (a recomputed mask: 512 MiB per block of a Llama on an H200, 9.7% over
+    the budget, unplanned for), not where it reads it saved and broadcast in place. So
+    under Inductor the mask is save-only; a bias with unaligned rows is copied whatever
+    the plan, and that copy counts while the backward runs; on the CPU, nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from rematc.annotate import annotate, workspaces
+    from rematc.capture import broadcast_bias_sources
+    from rematc.devices import profile_for
+
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
+
+    def step(q: torch.Tensor, mask: torch.Tensor) -> Any:
+        bias = torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask.logical_not(), float("-inf"))
+        bias = bias.expand(q.shape[0], q.shape[1], *mask.shape[-2:])
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, bias, True)
+        return efficient(out, q, q, q, bias, out, lse, seed, offset, 0.0, [True, True, True, False])
+
+    for device, seq, saved, copied in [("cuda", 64, True, 0), ("cuda", 60, True, 2 * 8 * 60 * 60 * 4),
+                                       ("cpu", 64, False, 0)]:
+        with FakeTensorMode():
+            q = torch.empty(2, 8, seq, 32, device=device)
+            gm = make_fx(step)(q, torch.empty(2, 1, seq, seq, dtype=torch.bool, device=device))
+        backward = next(iter(gm.graph.find_nodes(op="call_function", target=efficient)))
+        costs = annotate(gm, profile_for("h100"), fuses=True)
+        forward = frozenset(n for n in gm.graph.nodes if n is not backward and n.op != "output")
+        sources = broadcast_bias_sources(list(gm.graph.nodes), forward - {backward}, costs)
+        assert {n.target for n in sources} == ({torch.ops.aten.masked_fill.Scalar} if saved else set()), sources
+        assert workspaces(list(gm.graph.nodes), inductor=True).get(backward, 0) == copied
+        assert workspaces(list(gm.graph.nodes)).get(backward, 0) == 0  # ATen's kernel reads the broadcast
