@@ -249,9 +249,11 @@ def _computed_in_readers(c: CaptureContext) -> None:
 def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
     """One :class:`Node` per value: its bytes, the time it takes, what it reads."""
     unstored = c.unstored_backward
-    stale = reads_mutated_input(c.nodes, c.forward, c.costs)
+    # Save-only beyond what _recomputable refuses: readers of an input the forward updates,
+    # and (Inductor) attention biases its backward would otherwise copy whole (rule 16).
+    must_save = reads_mutated_input(c.nodes, c.forward, c.costs)
     if c.inductor:
-        stale |= broadcast_bias_sources(c.nodes, c.forward, c.costs)
+        must_save |= broadcast_bias_sources(c.nodes, c.forward, c.costs)
     out: list[Node] = []
     for i, group in enumerate(c.groups):
         head = group[0]
@@ -278,7 +280,7 @@ def _problem(c: CaptureContext, host_bandwidth: float, name: str) -> Problem:
             time=recompute_seconds(group, own, c.costs, stored=c.inductor and i not in c.in_readers)
             * c.per_reader.get(i, 1),
             flops=sum(c.costs[n].flops for n in own),
-            recomputable=(_recomputable(group, c.costs) and not stale.intersection(group)
+            recomputable=(_recomputable(group, c.costs) and not must_save.intersection(group)
                           and head not in c.elements.statistics),
             offloadable=_offloadable(group, c.costs),
             resident=resident,
