@@ -283,7 +283,8 @@ class Backend:
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
                           partitioner: RematPartitioner) -> Callable[..., Any]:
         compile_fx, compile_fx_inner = inductor_compile_fx()
-        check_release(TORCH)
+        devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)} - {"cpu", "meta"}
+        check_release(TORCH, device=min(devices, default="cpu"))
         inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
                                    partitioner.lost_donations)
         if self.options.budget is not None:

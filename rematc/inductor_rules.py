@@ -138,11 +138,13 @@ RULES: tuple[InductorRule, ...] = (
 _WARNED: set[Release] = set()
 
 
-def check_release(torch_release: Release) -> bool:
-    """Whether every rule was checked on ``torch_release``; if not, warn once per release
-    (the check after compilation still re-plans where the generated code peaks above the
-    budget, and a canary run on that torch says which rule broke)."""
-    outside = [r.item for r in RULES if not r.releases[0] <= torch_release <= r.releases[1]]
+def check_release(torch_release: Release, device: str | None = None) -> bool:
+    """Whether every rule was checked on ``torch_release`` (every rule for ``device``'s
+    type where one is given); if not, warn once per release (the check after compilation
+    still re-plans where the generated code peaks above the budget, and a canary run on
+    that torch says which rule broke)."""
+    outside = [r.item for r in RULES if not r.releases[0] <= torch_release <= r.releases[1]
+               and (device is None or device in r.devices)]
     if outside and torch_release not in _WARNED:
         _WARNED.add(torch_release)
         first = min(r.releases[0] for r in RULES)

@@ -5,6 +5,7 @@ where the model says."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import warnings
@@ -54,6 +55,22 @@ def test_a_torch_outside_the_checked_releases_is_warned_about_once(monkeypatch: 
         assert not inductor_rules.check_release((2, 99))
         inductor_rules.check_release((2, 99))
     assert len(caught) == 1 and "not 2.99" in str(caught[0].message)
+
+
+def test_a_rule_of_another_device_is_not_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule checked on CUDA up to one release says nothing of a CPU step on the next."""
+    monkeypatch.setattr(inductor_rules, "_WARNED", set())
+    cuda_only = [r for r in RULES if r.devices == frozenset({"cuda"})]
+    assert cuda_only, "no CUDA-only rule left to test with"
+    after = max(r.releases[1] for r in cuda_only)
+    after = (after[0], after[1] + 1)
+    monkeypatch.setattr(inductor_rules, "RULES", tuple(dataclasses.replace(r, releases=(r.releases[0], after))
+                                                       if r.devices != frozenset({"cuda"}) else r for r in RULES))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert inductor_rules.check_release(after, device="cpu")
+        assert not inductor_rules.check_release(after, device="cuda")
+    assert len(caught) == 1 and "rules 16" in str(caught[0].message)
 
 
 def _generated_and_predicted(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> rematc.PartitionRecord:
