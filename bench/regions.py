@@ -173,7 +173,7 @@ def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: s
 def where_peaks(step: Any, shape: Shape, records: Any, top: int = 25) -> None:
     """Prints each graph's plan (calls, holds, predicted and generated peaks, own need)
     and, on CUDA, the allocator's blocks alive at one step's peak, each with the line of
-    generated code (or the Python frames) that allocated it (:func:`bench.replay.live_at_peak`)."""
+    generated code (or the Python frames) that allocated it (:func:`bench.replay.cuda_history`)."""
     import torch
 
     for r in records:
@@ -182,21 +182,12 @@ def where_peaks(step: Any, shape: Shape, records: Any, top: int = 25) -> None:
               f"held before {r.held_before:,}", file=sys.stderr)
     if not shape.device.startswith("cuda"):
         return
-    from bench.replay import live_at_peak
+    from bench.replay import cuda_history
 
     device = torch.device(shape.device)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python", device=device)
-    try:
-        step()
-        torch.cuda.synchronize(device)
-        snapshot = torch.cuda.memory._snapshot(device)
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None, device=device)
-    events = snapshot["device_traces"][device.index or 0]
-    generated = {f["filename"] for e in events for f in e.get("frames", []) if "torchinductor" in f["filename"]}
-    held, blocks = live_at_peak(events, generated)
+    held, blocks = cuda_history(step, device, None)
     print(f"allocator: {held:,} B allocated in the step at its peak ({before:,} B before), "
           f"{len(blocks)} blocks", file=sys.stderr)
     for block in blocks[:top]:

@@ -184,8 +184,9 @@ def allocated_at(frames: list[dict[str, Any]], generated: Collection[str]) -> st
 
 
 def cuda_history(step: Callable[[], object], device: torch.device,
-                 generated: Collection[str]) -> tuple[int, list[Block]]:
-    """:func:`live_at_peak` of one step, from the allocator's history on ``device``."""
+                 generated: Collection[str] | None) -> tuple[int, list[Block]]:
+    """:func:`live_at_peak` of one step, from the allocator's history on ``device``;
+    ``generated`` None: every file of Inductor's cache the history names."""
     torch.cuda.synchronize(device)
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python", device=device)
     try:
@@ -195,7 +196,10 @@ def cuda_history(step: Callable[[], object], device: torch.device,
     finally:
         torch.cuda.memory._record_memory_history(enabled=None, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return live_at_peak(snapshot["device_traces"][index], generated)
+    events = snapshot["device_traces"][index]
+    if generated is None:
+        generated = {f["filename"] for e in events for f in e.get("frames", []) if "torchinductor" in f["filename"]}
+    return live_at_peak(events, generated)
 
 
 def main(argv: list[str] | None = None) -> int:
