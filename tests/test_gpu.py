@@ -189,5 +189,8 @@ def test_a_broadcast_attention_mask_is_saved_not_copied_on_cuda() -> None:
     record = rematc.records()[-1]
     print(f"predicted {record.predicted_peak} B, generated {record.generated_peak} B, measured {peak} B")
     assert record.generated_peak is not None, "the check after compilation did not walk the code"
+    copy = batch * 8 * seq * seq * 4  # what a copy of the mask at its broadcast shape holds
     assert record.generated_peak <= record.predicted_peak * SLACK
-    assert peak <= record.predicted_peak * SLACK
+    # kernels' own workspaces are outside the walk: 1.13 MiB above it, seen on this
+    # model on an H200 with everything saved; a copy of the mask is 32 MiB
+    assert peak <= record.predicted_peak * SLACK + 2 * 2**20 < record.predicted_peak + copy
