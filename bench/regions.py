@@ -13,7 +13,7 @@ budgets are set from HF gradient checkpointing's measured peak under the default
 ``--hidden``, ``--seq`` and ``--device cuda`` run a wider, longer model on a GPU (TF32
 matmuls; peaks from CUDA's caching allocator, above what was alive before the step):
 
-    python -m bench.regions --layers 16 --hidden 1024 --seq 1024 --batch 8 --device cuda --out bench/results/regions
+    python -m bench.regions --layers 8 --hidden 2048 --seq 1024 --device cuda --out bench/results/gpu-h200
 
 ``--side-by-side`` compares steps in one process instead: HF gradient checkpointing under
 the default whole-model ``torch.compile`` and rematc ``regions=True`` at its measured peak
