@@ -1156,14 +1156,6 @@ class RematPartitioner(CustomPartitionerFn):
             verify(joint, captured, result.plan, emitted)
         read = saved_storages(joint, emitted.saved)
 
-        def calls_with(later: int) -> int:  # what the calls need with ``later`` for the later graphs
-            return (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=later)
-                    if mix is not None else
-                    calls_need([tier(problem, report)], [calls], grads=grads, reserve=later, carried=carried,
-                               dropped=recomputed,
-                               recompute=recomputing.recompute if recomputing is not None else 0))
-
-        need, alone = calls_with(mix.reserve if mix is not None else reserve), calls_with(0)
         # Under outputs="dropped", the earlier graphs' outputs a loss graph reads and does not
         # save are gone once the model's forward returns: off what the step holds in its
         # backward (the earlier graphs count them held to the step's end). Not off what it
@@ -1173,12 +1165,20 @@ class RematPartitioner(CustomPartitionerFn):
         if self.options.outputs == "dropped" and calls == 1 and mix is None and recomputing is None:
             freed, freed_bytes = freed_inputs(joint, num_fwd_outputs, static, read,
                                               self.share.returned_earlier(graph))
-        if freed_bytes and held >= freed_bytes:  # the earlier graphs' holds, counted in this step
-            one = tier(problem, report)  # solvers.mix.need of one call, its backward without them
-            need = max(one.forward, one.backward - freed_bytes, one.holds + reserve)
-            alone = max(one.forward, one.backward - freed_bytes, one.holds)
-        elif budget is not None:  # a budget not shared between graphs: nothing to take them off
+        if budget is not None and held < freed_bytes:
+            # not among the earlier graphs' holds this graph's budget counted: nothing to
+            # take them off
             freed, freed_bytes = (), 0
+        off = freed_bytes if held >= freed_bytes else 0  # off each backward of solvers.mix.need
+
+        def calls_with(later: int) -> int:  # what the calls need with ``later`` for the later graphs
+            return (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=later)
+                    if mix is not None else
+                    calls_need([tier(problem, report)], [calls], grads=grads, reserve=later, carried=carried,
+                               dropped=recomputed,
+                               recompute=recomputing.recompute if recomputing is not None else 0, freed=off))
+
+        need, alone = calls_with(mix.reserve if mix is not None else reserve), calls_with(0)
         if graph is not None:
             self.share.returns[graph] = kept_returns(joint, num_fwd_outputs, captured, read)
         keeps = lasting(captured.problem, grads) * calls

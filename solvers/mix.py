@@ -49,7 +49,7 @@ class Mix:
 
 
 def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserve: int = 0,
-         carried: int = 0, dropped: int = 0, recompute: int = 0) -> int:
+         carried: int = 0, dropped: int = 0, recompute: int = 0, freed: int = 0) -> int:
     """Bytes the step needs for ``counts[i]`` calls of ``tiers[i]``: the largest of each
     call's forward peak beside what every other call holds, each call's backward peak
     beside the larger of every other call's saved values and its parameters' gradients
@@ -60,7 +60,11 @@ def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserv
     when the backward starts (:mod:`rematc.regions`, "Block inputs recomputed"): they are
     off what all calls hold beside ``reserve``, counted while any forward runs and
     through every backward, and their recomputation, one forward at a time peaking at
-    ``recompute`` bytes, runs beside what every call holds."""
+    ``recompute`` bytes, runs beside what every call holds.
+
+    ``freed``: bytes counted in each call's peaks that are gone by the time the backwards
+    run (the earlier graphs' outputs a loss graph's caller dropped, ``outputs="dropped"``):
+    off each backward's peak."""
     assert 0 <= dropped < max(1, sum(counts)), "at least the first call's input stays"
     full = sum(c * t.holds for t, c in zip(tiers, counts, strict=True))
     held = full - dropped * carried
@@ -70,7 +74,7 @@ def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserv
         worst = max(worst, full + recompute)
     for t, c in zip(tiers, counts, strict=True):
         if c > 0:
-            worst = max(worst, t.forward + full - t.holds, t.backward + after - max(t.holds, grads))
+            worst = max(worst, t.forward + full - t.holds, t.backward - freed + after - max(t.holds, grads))
     return worst
 
 

@@ -53,6 +53,9 @@ def test_one_plan_needs_its_peak_beside_the_other_calls() -> None:
     assert need([tier], [4], grads=50) == max(150 + 300, 300 + 300, 400)
     assert need([tier], [4], grads=200) == 300 + 3 * 200
     assert need([tier], [4], reserve=500) == 4 * 100 + 500
+    # bytes gone before the backwards (a loss graph's dropped inputs) come off each one
+    assert need([tier], [1], freed=120) == max(100, 150, 300 - 120)
+    assert need([tier], [4], grads=200, freed=120) == 300 - 120 + 3 * 200
 
 
 def simulated_with_inputs_recomputed(order: list[Tier], grads: int, *, carried: int, dropped: int,
