@@ -78,6 +78,7 @@ def test_inductor_route_matches_eager_at_smallest_budget(name: str, same_random_
 
 
 @pytest.mark.inductor
+@pytest.mark.vectorized
 def test_inductor_route_everything_fits(same_random_as_eager: None) -> None:
     """A budget that saving everything fits: the no-budget plan, which recomputes only
     fused pointwise values (no FLOPs) and peaks lower still."""
