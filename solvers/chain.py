@@ -116,6 +116,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from solvers.baselines import free_plan, plan_with
@@ -576,11 +577,20 @@ class Chain:
         beyond them, what its cut holds there). Never below the
         checker's timeline where the changes add up (the tests check it, with a host link
         on random covers)."""
-        own = self.step_owners
-        out = list(self.reference.timeline)
-        linked = self.problem.host_bandwidth > 0
-        f = self.problem.n_forward
+        out = np.array(self.reference.timeline, dtype=np.int64)
         for i, k in choice:
+            out += self._change(i, k)
+        return [int(b) for b in out]
+
+    def _change(self, i: int, k: int) -> np.ndarray:
+        """What option ``k`` of span ``i`` adds to ``T_R`` at each step (:meth:`predict`'s
+        terms of one chosen span), computed once per chain."""
+        key = (i, k)
+        if key not in self._changes:
+            own = self.step_owners
+            out = np.zeros(len(own), dtype=np.int64)
+            linked = self.problem.host_bandwidth > 0
+            f = self.problem.n_forward
             first, last = self.spans[i]
             option, ref = self.options[i][k], self.options[i][0]
             kept = option.saved - ref.saved - (self.least_hosted(i, k) if linked else 0)
@@ -598,7 +608,12 @@ class Chain:
                     # bytes it keeps
                     out[t] += kept + (max(0, option.timeline[at[t]] - ref.timeline[at[t]] - option.saved + ref.saved)
                                       if t in at and t >= f else 0)
-        return out
+            self._changes[key] = out
+        return self._changes[key]
+
+    @functools.cached_property
+    def _changes(self) -> dict[tuple[int, int], np.ndarray]:
+        return {}
 
     def singles(self) -> list[int]:
         """The one-segment span of each segment, in order."""

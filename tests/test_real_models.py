@@ -29,8 +29,10 @@ PEAK_TOLERANCE = 0.05
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
 BF16 = {"rtol": 5e-2, "atol": 5e-2}
 
-# Seconds per solve: plans within the budget are found in well under it on these sizes.
-TIME_LIMIT = 5.0
+# Seconds per solve: plans within the budget are found in well under it on these sizes;
+# where a search runs to it (T5's least peak), a shorter one states a higher smallest
+# budget, which the test then holds the step to.
+TIME_LIMIT = 2.0
 
 VARIANTS = ("smallest", "70%", "split", "checkpointing", "bf16")
 
