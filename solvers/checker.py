@@ -235,9 +235,8 @@ def value_copies(problem: Problem, plan: Plan) -> tuple[dict[int, list[tuple[int
     other_reads: dict[int, list[Key]] = {}
     inline: dict[int, Key] = {}  # value with an unstored recomputation -> its first entry
     unstored: set[int] = set()  # values without a forward copy
-    for v in range(problem.n_forward):
-        reader = problem.computed_in(v)
-        if reader is None or plan.decisions.get(v) in (Decision.SAVE, Decision.OFFLOAD):
+    for v, reader in problem.computed_by.items():
+        if plan.decisions.get(v) in (Decision.SAVE, Decision.OFFLOAD):
             continue
         unstored.add(v)
         for d in set(problem.nodes[v].deps):

@@ -247,9 +247,15 @@ class Problem:
         """The forward step that computes a value whose forward copy is unstored
         (``Copy.FORWARD`` in ``Node.unstored``) when the forward does not store it: its one
         forward reader; None for any other value."""
-        if self.nodes[i].stores(Copy.FORWARD) or self.single_phase:
-            return None
-        return self.forward_users[i][0]
+        return self.computed_by.get(i)
+
+    @cached_property
+    def computed_by(self) -> dict[int, int]:
+        """:meth:`computed_in` of every value it is not None for, in value order, found
+        once (the checker reads it on every replay)."""
+        if self.single_phase:
+            return {}
+        return {i: self.forward_users[i][0] for i, n in enumerate(self.nodes) if not n.stores(Copy.FORWARD)}
 
     def copy_out_from(self, i: int) -> int:
         """The first forward step a copy of value ``i`` to the host may run beside: after
@@ -262,6 +268,13 @@ class Problem:
         """The last step a value lives when it has one copy, read by ops only: its last
         reader's step (one before it, where that reader takes its storage over); for a
         ``returned`` value, not before the forward's last step."""
+        return self._fixed_ends[i]
+
+    @cached_property
+    def _fixed_ends(self) -> tuple[int, ...]:
+        return tuple(self._fixed_end(i) for i in range(len(self.nodes)))
+
+    def _fixed_end(self, i: int) -> int:
         v = self.taken_over.get(i)
         if v is not None:
             return v - 1
