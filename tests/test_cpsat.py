@@ -37,6 +37,7 @@ from solvers import (
     save_all,
     solve,
 )
+from solvers.checker import value_copies
 from solvers.plan import rematerialize_anchors
 from solvers.problem import EVERY_COPY, Copy, chain_problem, node
 from tests.graphs import (
@@ -86,6 +87,10 @@ class Outcome(NamedTuple):
     peak: int  # bytes, the checker's
     added_time: float  # seconds, the checker's
     decisions: dict[int, Decision]
+    # The flat model counts what the checker does: no recomputed copy is freed inside the
+    # entries before one step. The model counts such a copy alive through the step's op
+    # (docs/solvers.md), so it may miss a plan that needs one to fit.
+    counted: bool
 
 
 def brute_force(problem: Problem) -> list[Outcome]:
@@ -107,11 +112,13 @@ def brute_force(problem: Problem) -> list[Outcome]:
             for v in offloaded
         ]
         for steps in itertools.product(*windows):
+            plan = plan_from_decisions(problem, decisions, dict(zip(offloaded, steps, strict=True)))
             try:
-                report = check(problem, plan_from_decisions(problem, decisions, dict(zip(offloaded, steps, strict=True))))
+                report = check(problem, plan)
             except PlanError:
                 continue
-            out.append(Outcome(report.peak, report.added_time, decisions))
+            counted = all(c.last is None for c in value_copies(problem, plan)[1])
+            out.append(Outcome(report.peak, report.added_time, decisions, counted))
     assert out, "saving what the backward reads is always a valid plan"
     return out
 
@@ -127,17 +134,30 @@ def interesting_budgets(outcomes: list[Outcome]) -> list[int]:
 
 
 def assert_matches_brute_force(problem: Problem, budget: int, outcomes: list[Outcome]) -> None:
+    """The solver's plan (or stated least budget) is the brute force's optimum, where the
+    flat model counts the plans that reach it as the checker does; elsewhere it is no worse
+    than the best of the plans it counts so (:attr:`Outcome.counted`)."""
     q = problem.with_budget(budget)
-    best = cheapest(outcomes, budget)
-    if best is None:
-        with pytest.raises(InfeasibleBudgetError) as info:
-            solve(q, CFG)
-        assert info.value.budget == budget
-        assert info.value.min_feasible == min(o.peak for o in outcomes)
+    counted = [o for o in outcomes if o.counted]
+    best, best_counted = cheapest(outcomes, budget), cheapest(counted, budget)
+    least, least_counted = min(o.peak for o in outcomes), min(o.peak for o in counted)
+    if best_counted is None:
+        try:
+            result = solve(q, CFG)
+        except InfeasibleBudgetError as e:
+            assert e.budget == budget
+            assert least <= e.min_feasible <= least_counted  # type: ignore[operator]
+            return
+        assert best is not None, "a plan for a budget no plan fits"
+        assert result.plan is not None and check(q, result.plan).peak <= budget
+        assert result.objective >= best * (1 - REL)
         return
     result = solve(q, CFG)
-    assert result.status is Status.OPTIMAL
-    assert result.objective == pytest.approx(best, rel=REL)
+    if best == best_counted:
+        assert result.status is Status.OPTIMAL
+        assert result.objective == pytest.approx(best, rel=REL)
+    else:
+        assert best * (1 - REL) <= result.objective <= best_counted * (1 + REL)
     assert result.plan is not None
     report = check(q, result.plan)
     assert report.peak <= budget
@@ -147,6 +167,38 @@ def assert_matches_brute_force(problem: Problem, budget: int, outcomes: list[Out
 
 
 # ---- hand-built graphs ------------------------------------------------------------------
+
+
+def test_a_copy_freed_inside_a_step_may_fit_a_budget_the_flat_model_refuses() -> None:
+    """The flat model counts a recomputed copy alive through the op it is recomputed
+    before; the checker frees it inside that op's entries once its last reader there has
+    run (docs/solvers.md). On this loss head (hypothesis found it) the plans at the least
+    peak, 5 B, recompute f0 only for x's recomputation before g's op, which the model
+    counts at 6 B: the budget stated is no more than the least of the plans the model
+    counts as the checker does, and a step planned at it fits."""
+    unstored = frozenset({Copy.RECOMPUTED})
+    p = Problem(nodes=(
+        node("f0", size=1, time=0.0),
+        node("f1", 0, size=1, time=0.0, recomputable=False, unstored=unstored),
+        node("x", 0, size=1, time=0.0),
+        node("m", 2, size=2, time=1.0),
+        node("y", 2, 3, size=1, time=0.0, overwrites=2, unstored=unstored),
+        node("loss", 4, size=1, time=0.0, keep=True),
+        node("b0", 1, backward=True, size=3, time=0.0),
+        node("g", 4, backward=True, size=1, time=0.0, keep=True, overwrites=4,
+             overwrites_copies=frozenset({Copy.FORWARD})),
+    ))
+    outcomes = brute_force(p)
+    assert min(o.peak for o in outcomes) == 5 and min(o.peak for o in outcomes if o.counted) == 6
+    assert all(not o.counted for o in outcomes if o.peak == 5)
+    for budget in interesting_budgets(outcomes):
+        assert_matches_brute_force(p, budget, outcomes)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve(p.with_budget(4), CFG)
+    stated = info.value.min_feasible
+    assert stated is not None and 5 <= stated <= 6
+    result = solve(p.with_budget(stated), CFG)
+    assert result.plan is not None and check(p, result.plan).peak <= stated
 
 
 
