@@ -27,10 +27,6 @@ import tempfile
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 os.environ.setdefault("TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO", "0")
-# Inductor compiles kernels in this process: the suite's workers already keep every core
-# busy, and a pool of compile processes (one more per process a test starts) only adds
-# their start-up (two Inductor test files: 203 and 204 s against 216 and 243 s with two).
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # pytest-xdist's workers inherit it
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rematc-tests-inductor-")
     atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
