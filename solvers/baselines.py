@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 from solvers.checker import Report, check
@@ -203,7 +204,7 @@ def _judged(problem: Problem, plan: Plan, name: str, t0: float, report: Report |
     )
 
 
-def plan_with(problem: Problem, recomputed: set[int]) -> Plan:
+def plan_with(problem: Problem, recomputed: AbstractSet[int]) -> Plan:
     """Recompute ``recomputed``; save everything else the backward or they read."""
     return plan_from_decisions(problem, decisions_with(problem, recomputed))
 
@@ -288,7 +289,7 @@ def ladder_rungs(problem: Problem) -> list[SolveResult]:
             for plan, report in last[1]]
 
 
-def decisions_with(problem: Problem, recomputed: set[int]) -> dict[int, Decision]:
+def decisions_with(problem: Problem, recomputed: AbstractSet[int]) -> dict[int, Decision]:
     """:func:`plan_with`'s decisions: ``recomputed`` less what nothing reads, recomputed;
     everything else the backward or they read, saved."""
     rec = set(recomputed)

@@ -564,9 +564,18 @@ class Chain:
         return tuple(link_rooms(self))
 
     def plan(self, choice: Sequence[tuple[int, int]]) -> Plan:
-        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once."""
-        return compose(self.problem, [self.cuts[i] for i, _ in choice],
-                       [self.options[i][k] for i, k in choice], first=self.hosted_values)
+        """The step's plan for ``(span, option)`` pairs whose spans cover every segment once.
+        Covers that recompute the same values inside the same cuts make the same plan: it
+        is composed once per chain."""
+        cuts, chosen = [self.cuts[i] for i, _ in choice], [self.options[i][k] for i, k in choice]
+        key = (recomputed_inside(cuts, chosen), frozenset(g for c in cuts for g in c.interior))
+        if key not in self._plans:
+            self._plans[key] = compose(self.problem, cuts, chosen, first=self.hosted_values)
+        return self._plans[key]
+
+    @functools.cached_property
+    def _plans(self) -> dict[tuple[frozenset[int], frozenset[int]], Plan]:
+        return {}
 
     def predict(self, choice: Sequence[tuple[int, int]]) -> list[int]:
         """The chain model's live bytes at each step for ``(span, option)`` pairs where no
@@ -621,6 +630,12 @@ class Chain:
         return [by[s] for s in range(len(self.segments))]
 
 
+def recomputed_inside(cuts: Sequence[Cut], chosen: Sequence[Option]) -> frozenset[int]:
+    """The step's values each cut's chosen option recomputes."""
+    return frozenset(g for c, o in zip(cuts, chosen, strict=True) for g, j in c.interior.items()
+                     if o.decisions.get(j) is Decision.RECOMPUTE)
+
+
 def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *,
             first: Collection[int] = ()) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
@@ -628,8 +643,7 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *,
     or, where the problem has a host link, offloaded where its copies hide
     (:func:`solvers.hostcopy.offload_hidden`), the values in ``first`` (R's offloads,
     which ``T_R`` counts off the device) tried before the others."""
-    plan = plan_with(problem, {g for c, o in zip(cuts, chosen, strict=True) for g, j in c.interior.items()
-                               if o.decisions.get(j) is Decision.RECOMPUTE})
+    plan = plan_with(problem, recomputed_inside(cuts, chosen))
     if problem.host_bandwidth <= 0:
         return plan
     # What R offloads (T_R counts it off the device, and the chain model counts an option
