@@ -10,7 +10,7 @@ instead of running the C++ compiler (most of an Inductor test's time on a small 
 and no run reads another's.
 
 Inductor's CPU kernels are compiled scalar (no SIMD instruction set) except in the tests
-marked ``canary`` or ``vectorized``: the C++ compiler takes a third to two fifths less time
+marked ``canary`` or ``vectorized``: an Inductor test took a quarter to two fifths less time
 on scalar kernels, and vectorizing changes a kernel's instructions, not the buffers the
 scheduler allocates or frees, which are what rematc predicts. The canaries, which pin
 Inductor's behaviour to the rules rematc relies on, and the tests marked ``vectorized``
