@@ -8,13 +8,6 @@ dynamic. All three are off. Compiled kernels are kept, in a directory of this ru
 a kernel is its source's hash, so a test that lowers the same kernel again loads it
 instead of running the C++ compiler (most of an Inductor test's time on a small CPU),
 and no run reads another's.
-
-Inductor's CPU kernels are compiled scalar (no SIMD instruction set) except in the tests
-marked ``canary`` or ``vectorized``: an Inductor test took a quarter to two fifths less time
-on scalar kernels, and vectorizing changes a kernel's instructions, not the buffers the
-scheduler allocates or frees, which are what rematc predicts. The canaries, which pin
-Inductor's behaviour to the rules rematc relies on, and the tests marked ``vectorized``
-compile with Inductor's defaults.
 """
 
 from __future__ import annotations
@@ -85,19 +78,6 @@ def _fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-
-
-@pytest.fixture(autouse=True)
-def _scalar_cpu_kernels(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Inductor's CPU kernels without SIMD (simdlen 0 matches no instruction set), unless
-    the test is a canary or marked ``vectorized`` (this module's docstring says why)."""
-    if not HAS_TORCH or any(request.node.get_closest_marker(m) for m in ("canary", "vectorized")):
-        yield
-        return
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch({"cpp.simdlen": 0}):
-        yield
 
 
 @pytest.fixture

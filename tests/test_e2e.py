@@ -65,9 +65,8 @@ def test_eager_route_matches_eager(name: str, level: str) -> None:
 
 @pytest.mark.inductor
 # transformers' GPT-2 at these sizes and its smallest budget is test_real_models' Inductor
-# case, which measures its peak too. The MLP's kernels compile with SIMD, as by default.
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.vectorized) if name == "mlp" else name
-                                  for name in sorted(set(MODELS) - {"hf_gpt2"})])
+# case, which measures its peak too.
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"hf_gpt2"}))
 def test_inductor_route_matches_eager_at_smallest_budget(name: str, same_random_as_eager: None) -> None:
     smallest = smallest_feasible_budget(name, compiler="inductor", time_limit=TIME_LIMIT)
     torch._dynamo.reset()
