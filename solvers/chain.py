@@ -568,9 +568,9 @@ class Chain:
         Covers that recompute the same values inside the same cuts make the same plan: it
         is composed once per chain."""
         cuts, chosen = [self.cuts[i] for i, _ in choice], [self.options[i][k] for i, k in choice]
-        key = (recomputed_inside(cuts, chosen), frozenset(g for c in cuts for g in c.interior))
+        key = (recomputed_inside(cuts, chosen), interior_of(cuts))
         if key not in self._plans:
-            self._plans[key] = compose(self.problem, cuts, chosen, first=self.hosted_values)
+            self._plans[key] = composed(self.problem, *key, first=self.hosted_values)
         return self._plans[key]
 
     @functools.cached_property
@@ -636,6 +636,11 @@ def recomputed_inside(cuts: Sequence[Cut], chosen: Sequence[Option]) -> frozense
                      if o.decisions.get(j) is Decision.RECOMPUTE)
 
 
+def interior_of(cuts: Sequence[Cut]) -> frozenset[int]:
+    """The step's values inside the cuts."""
+    return frozenset(g for c in cuts for g in c.interior)
+
+
 def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *,
             first: Collection[int] = ()) -> Plan:
     """The step's plan taking each cut's decisions from its chosen option; everything else
@@ -643,7 +648,14 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *,
     or, where the problem has a host link, offloaded where its copies hide
     (:func:`solvers.hostcopy.offload_hidden`), the values in ``first`` (R's offloads,
     which ``T_R`` counts off the device) tried before the others."""
-    plan = plan_with(problem, recomputed_inside(cuts, chosen))
+    return composed(problem, recomputed_inside(cuts, chosen), interior_of(cuts), first=first)
+
+
+def composed(problem: Problem, recomputed: frozenset[int], interior: frozenset[int], *,
+             first: Collection[int] = ()) -> Plan:
+    """:func:`compose` from what it depends on: the values the chosen options recompute and
+    the values inside the cuts."""
+    plan = plan_with(problem, recomputed)
     if problem.host_bandwidth <= 0:
         return plan
     # What R offloads (T_R counts it off the device, and the chain model counts an option
@@ -652,7 +664,6 @@ def compose(problem: Problem, cuts: Sequence[Cut], chosen: Sequence[Option], *,
     # and the chain model counts on the room it gave them (``link_rooms``). A boundary
     # inside a span is interior to its cut, and without R's offloads first, a larger value
     # an option saves after it could take its place on the link.
-    interior = {g for c in cuts for g in c.interior}
     order = sorted(plan.of(Decision.SAVE), key=lambda v: (v not in first, v in interior, -v))
     return offload_hidden(problem, plan, order=order)[0]
 
