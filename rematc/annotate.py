@@ -375,19 +375,21 @@ def _call(node: fx.Node, *, channels_last: bool) -> str:
 
 
 def measured_workspace(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
-    """The workspace :func:`workspaces` measured for a call of ``op`` (one of
-    :data:`PROBED`) on tensors of these shapes (real or fake), in this process; 0 where
-    none was measured. For the walk of generated code (:mod:`rematc.generated`), whose
-    fallback kernels allocate it where no statement shows."""
+    """The workspace of a call of ``op`` (one of :data:`PROBED`) on tensors of exactly
+    these shapes and strides (real or fake), as :func:`workspaces` measures it: once per
+    distinct call in a process, here or, while a profiler records, in a fresh one. 0 for
+    other ops, and where the call cannot be measured. For the walk of generated code
+    (:mod:`rematc.generated`), whose fallback kernels allocate it where no statement
+    shows: the strides are the generated code's own, which the capture cannot foresee (a
+    gradient read through a view of a padded buffer is copied dense by oneDNN first)."""
     if op not in PROBED:
         return 0
-    found = 0
-    for channels_last in (False, True):
-        try:
-            found = max(found, _WORKSPACES.get(_encoded(op, args, kwargs, channels_last=channels_last), 0))
-        except TypeError:
-            return 0
-    return found
+    try:
+        call = _encoded(op, args, kwargs, channels_last=False)
+    except TypeError:
+        return 0
+    _measure_missing([call])
+    return _WORKSPACES.get(call, 0)
 
 
 def _encoded(op: Any, args: Any, kwargs: dict[str, Any], *, channels_last: bool) -> str:

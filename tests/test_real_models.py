@@ -25,6 +25,9 @@ pytest.importorskip("transformers")
 
 # Measured peak may exceed the budget by at most this fraction (as in test_measured_peak).
 PEAK_TOLERANCE = 0.05
+# Bytes the walk of Inductor's generated code may differ from the measured step by: the
+# 0-d tensors ATen wraps a Python number in (rematc.annotate.WRAPPED_SCALAR_BYTES).
+CODE_TOLERANCE = 64
 # Loss and gradients against eager: fp32, and bf16 autocast (rounding differs with order).
 FP32 = {"rtol": 1e-4, "atol": 1e-5}
 BF16 = {"rtol": 5e-2, "atol": 5e-2}
@@ -115,11 +118,11 @@ def check_model(name: str, variant: str, compiler: str) -> None:
     budget = budget_for(name, variant, compiler)
     compiled = rematc.compile(model, budget=budget, compiler=compiler, time_limit=TIME_LIMIT)
     before = len(rematc.records())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", rematc.GraphBreakWarning)
-        warnings.simplefilter("ignore", rematc.BudgetWarning)  # a graph that cannot reach 70%
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         warm_up(model, compiled, inputs, variant)
         loss, grads, peak = step(model, compiled, inputs, variant)
+    warned_over = any(issubclass(w.category, rematc.OverBudgetWarning) for w in caught)
     records = rematc.records()[before:]
     assert records, "the rematc partitioner did not run"
     tol = BF16 if variant == "bf16" else FP32
@@ -128,17 +131,22 @@ def check_model(name: str, variant: str, compiler: str) -> None:
     for key, want in expected.items():
         torch.testing.assert_close(grads[key], want, **tol, msg=lambda m, k=key: f"{k}: {m}")
     if variant == "split":
-        assert len(records) == 2, [r.graph for r in records]
+        assert len({r.graph for r in records}) == 2, [r.graph for r in records]
     if variant == "checkpointing":
         assert records[0].solver == "checkpointing", records[0].solver
         assert peak <= eager_peak * (1 + PEAK_TOLERANCE), (peak, eager_peak)
-    elif len(records) == 1:
-        (record,) = records
+    elif len({r.graph for r in records}) == 1:
+        record = records[-1]  # the plan compiled last, after any re-plans of the generated code
         assert record.budget is not None and record.predicted_peak <= record.budget
         scratch = half_matmul_scratch(model, inputs[0].numel()) if variant == "bf16" else 0
-        assert peak <= record.budget * (1 + PEAK_TOLERANCE) + scratch, (
-            f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B, "
-            f"bf16 matmul scratch {scratch} B")
+        about = (f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B, "
+                 f"generated code {record.generated_peak} B, bf16 matmul scratch {scratch} B")
+        assert peak <= record.budget * (1 + PEAK_TOLERANCE) + scratch, about
+        if record.generated_peak is not None:
+            # The walk of the generated code sees what the step allocates, so a step above
+            # its budget is never silent: the post-compile check warns.
+            assert abs(peak - record.generated_peak) <= CODE_TOLERANCE, about
+            assert peak <= record.budget + CODE_TOLERANCE or warned_over, about
 
 
 @pytest.mark.slow
