@@ -68,6 +68,7 @@ __all__ = [
     "block_carry",
     "block_index",
     "cached_survey",
+    "forget_surveys",
     "mark_regions",
     "packed_check_eager",
     "repeated_blocks",
@@ -465,8 +466,7 @@ def survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], opti
     twin = _meta_twin(model)
     mark_regions(twin)
     meta = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs))
-    quiet = dataclasses.replace(options, budget=None, compiler="eager", cache_dir=None, verify=False,
-                                calls=1)
+    quiet = _quiet(options)
     before = len(_RECORDS)
     with losses_written_out(), flash_attention(), packed_check_eager(on_meta=True):
         compiled, share = compile_twin(twin, quiet)
@@ -511,42 +511,79 @@ def _calls_need(free: Problem, calls: int, grads: int, plan: Plan) -> int:
     return need([tier(free, check(free, plan))], [calls], grads=grads)
 
 
+def _quiet(options: Options) -> Options:
+    """The options the survey compiles its twin with: no budget, eager, nothing stored
+    or verified, one call. Only these change what it finds."""
+    return dataclasses.replace(options, budget=None, compiler="eager", cache_dir=None, verify=False, calls=1)
+
+
+# Surveys found in this process, by :func:`_survey_key`: a model compiled again in the
+# process (at another budget, or at the smallest one an error stated) is not surveyed again.
+_SURVEYS: dict[str, tuple[Need, ...]] = {}
+SURVEYS_KEPT = 64  # the most kept; the oldest goes first
+
+
 def cached_survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options,
                   compile_twin: CompileTwin) -> tuple[Need, ...]:
-    """:func:`survey`, read from the plan cache where an earlier run of the same model,
-    inputs' shapes and options stored it (it costs a Dynamo trace of the model), and
-    stored there otherwise."""
-    root = plancache.directory(options.cache_dir)
-    if root is None:
-        return survey(model, args, kwargs, options, compile_twin)
+    """:func:`survey`, found once per process for the same model, inputs' shapes, options
+    (the budget aside) and autocast state, and read from the plan cache where an earlier
+    run stored it (it costs a Dynamo trace of the model), and stored there otherwise."""
     digest = _survey_key(model, args, kwargs, options)
-    note = plancache.load_note(root, digest)
-    if isinstance(note, list) and all(isinstance(n, list) and len(n) == len(Need._fields) for n in note):
-        return tuple(Need(*(int(x) for x in n)) for n in note)
-    needs = survey(model, args, kwargs, options, compile_twin)
-    plancache.store_note(root, digest, [list(n) for n in needs])
+    root = plancache.directory(options.cache_dir)
+    needs = _SURVEYS.get(digest)
+    stored = False
+    if needs is None and root is not None:
+        note = plancache.load_note(root, digest)
+        if isinstance(note, list) and all(isinstance(n, list) and len(n) == len(Need._fields) for n in note):
+            needs, stored = tuple(Need(*(int(x) for x in n)) for n in note), True
+    if needs is None:
+        needs = survey(model, args, kwargs, options, compile_twin)
+    if root is not None and not stored:
+        plancache.store_note(root, digest, [list(n) for n in needs])
+    _SURVEYS.pop(digest, None)
+    _SURVEYS[digest] = needs
+    while len(_SURVEYS) > SURVEYS_KEPT:
+        del _SURVEYS[next(iter(_SURVEYS))]
     return needs
 
 
+def forget_surveys() -> None:
+    """Drop the surveys :func:`cached_survey` keeps in this process (tests start from none)."""
+    _SURVEYS.clear()
+
+
 def _survey_key(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], options: Options) -> str:
-    """SHA-256 of what a survey depends on: the model's class and its parameters' and
-    buffers' names, shapes, dtypes and grads, the inputs' shapes and dtypes (other
-    inputs by repr), the options, and the versions the plan cache keys on."""
+    """SHA-256 of what a survey depends on: the model's class, its modules' classes,
+    training flags and plain attributes (transformers' ``gradient_checkpointing``), its
+    config where it has one, its parameters' and buffers' names, shapes, dtypes and grads,
+    the inputs' shapes and dtypes (other inputs by repr), the options the survey compiles
+    with (:func:`_quiet`: not the budget), the autocast state, and the versions the plan
+    cache keys on."""
     def describe(t: Any) -> Any:
         if isinstance(t, torch.Tensor):
             return [list(t.shape), str(t.dtype), t.requires_grad]
         return repr(t)
 
+    def plain(module: nn.Module) -> list[Any]:
+        return [type(module).__qualname__, module.training,
+                sorted((k, v) for k, v in vars(module).items()
+                       if isinstance(v, (bool, int, float, str)) or v is None)]
+
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
     material = {
-        "format": "rematc.survey/5",
+        "format": "rematc.survey/6",
         "model": type(model).__qualname__,
+        "modules": [[name, *plain(m)] for name, m in model.named_modules()],
+        "config": to_dict() if callable(to_dict) else None,
         "state": [[name, *describe(t)] for name, t in (*model.named_parameters(), *model.named_buffers())],
         "inputs": [describe(t) for t in tree_leaves((args, kwargs))],
         "kwargs": sorted(kwargs),
-        "options": options.cache_key(),
+        "options": _quiet(options).cache_key(),
+        "autocast": repr(_autocast_state()),
+        "grad": torch.is_grad_enabled(),
         "versions": plancache.versions(),
     }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def _meta_twin(model: nn.Module) -> nn.Module:

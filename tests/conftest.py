@@ -71,10 +71,12 @@ def _fresh_dynamo() -> Iterator[None]:
 
     import rematc
     from rematc.partition import forget_plans_in_hand
+    from rematc.regions import forget_surveys
 
     # The record list keeps the last 64: tests count new records, so start each empty.
     rematc.clear_records()
     forget_plans_in_hand()  # a plan an earlier test's error stated is not this test's
+    forget_surveys()  # nor a step an earlier test surveyed
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -14,6 +14,7 @@ from torch import nn
 
 import rematc
 import rematc.partition
+import rematc.regions
 from rematc.memory import profiler_peak
 from rematc.regions import repeated_blocks
 from tests.helpers import tiny_llama
@@ -214,10 +215,13 @@ def test_regional_step_under_inductor_holds_the_budget(over: bool, monkeypatch: 
     assert profiler_peak(lambda: step(compiled)) <= (budget + OUTSIDE) * (1 + PEAK_TOLERANCE)
 
 
-def test_the_smallest_budget_a_regional_step_states_runs_within_itself() -> None:
+def test_the_smallest_budget_a_regional_step_states_runs_within_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """Too tight a budget names the smallest that works for the whole step (the block's
-    calls and the gradients of the graphs after each one counted), and that one does."""
+    calls and the gradients of the graphs after each one counted), and that one does. The
+    step compiled again at it is not surveyed again."""
     tight = int(0.3 * _unconstrained_step())
+    rematc.regions.forget_surveys()  # the unconstrained step's, where it was just compiled
+    surveys = count_surveys(monkeypatch)
     torch._dynamo.reset()
     compiled = rematc.compile(llama(), budget=tight, compiler="eager", cache_dir=None, regions=True)
     with pytest.raises(Exception, match="smallest feasible budget is") as info:
@@ -228,8 +232,47 @@ def test_the_smallest_budget_a_regional_step_states_runs_within_itself() -> None
     model = llama()
     compiled = rematc.compile(model, budget=stated, compiler="eager", cache_dir=None, regions=True)
     step(compiled)
+    assert len(surveys) == 1
     model.zero_grad(set_to_none=True)
     assert profiler_peak(lambda: step(compiled)) <= stated + OUTSIDE
+
+
+def count_surveys(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """A list that gets an item each time a step is surveyed from now on."""
+    surveys: list[None] = []
+    real = rematc.regions.survey
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        surveys.append(None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rematc.regions, "survey", counted)
+    return surveys
+
+
+def test_what_changes_a_steps_graphs_changes_its_survey_key() -> None:
+    """A survey is kept per model, inputs, options and autocast state: a budget changes
+    nothing it finds, but autocast, a block's training flag or transformers' gradient
+    checkpointing change the graphs it surveys."""
+    model = llama()
+    options = rematc.Options.from_mapping({"budget": "1MiB"})
+    args, kwargs = (), {"input_ids": IDS, "labels": IDS}
+
+    def key(opts: rematc.Options = options) -> str:
+        return rematc.regions._survey_key(model, args, kwargs, opts)
+
+    first = key()
+    assert key(rematc.Options.from_mapping({"budget": "2MiB"})) == first
+    assert key(rematc.Options.from_mapping({"budget": "1MiB", "time_limit": 3})) != first
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert key() != first
+    model.model.layers[1].eval()
+    assert key() != first
+    model.train()
+    assert key() == first
+    model.gradient_checkpointing_enable()
+    assert key() != first
+    assert key(rematc.Options.from_mapping({"budget": "1MiB"})) == key()
 
 
 def _block_masks(model: nn.Module) -> list[Any]:
@@ -369,6 +412,7 @@ def test_the_last_blocks_inputs_are_recomputed_where_no_plan_fits_them_held(
     with monkeypatch.context() as patched:  # every input held: the budget stated before
         patched.setattr(rematc.partition.RematPartitioner, "carrying", lambda *_: None)
         held = _heavy_stated(5_000_000)
+    rematc.regions.forget_surveys()  # the survey without carrying is not the step's
     stated = _heavy_budget()
     torch._dynamo.reset()
     rematc.clear_records()
