@@ -234,12 +234,7 @@ class Backend:
                      target, gap)
             partitioner.squeeze += record.budget - (target - max(gap, record.generated_peak - target))
             try:
-                compiled = self._compile_inductor(gm, example_inputs, partitioner, unless_as=record)
-            except _SamePlan:  # a fraction's least-peak plan: no budget gives another
-                if partitioner.record is not None and partitioner.record is not record:
-                    drop_record(partitioner.record)
-                partitioner.record = record
-                break
+                compiled = self._compile_inductor(gm, example_inputs, partitioner)
             except InfeasibleBudgetError:
                 partitioner.record = record  # the plan compiled last stands
                 break
@@ -286,11 +281,7 @@ class Backend:
                                      where=f"{_where(record)}in the code Inductor generates: ")
 
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
-                          partitioner: RematPartitioner, *,
-                          unless_as: PartitionRecord | None = None) -> Callable[..., Any]:
-        """Compile ``gm`` with Inductor, planned by ``partitioner``. ``unless_as``: a record
-        of this graph compiled before; where the partitioning plans the same again, raises
-        :class:`_SamePlan` before Inductor lowers anything (the code would be the same)."""
+                          partitioner: RematPartitioner) -> Callable[..., Any]:
         compile_fx, compile_fx_inner = inductor_compile_fx()
         devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)} - {"cpu", "meta"}
         check_release(TORCH, device=min(devices, default="cpu"))
@@ -306,8 +297,6 @@ class Backend:
             inner = keep_plan_order(inner, when=lambda: partitioner.honours_checkpointing)
         inner = recording_peaks(inner, partitioner.generated, dropped=lambda: partitioner.dropped_names)
         inner = stopping_at_a_mix(inner, partitioner)
-        if unless_as is not None:
-            inner = stopping_at_the_same_plan(inner, partitioner, unless_as)
         # AOTAutograd's cache would skip the partitioner: no record, and a later graph of
         # the step planned without what this one holds. Inductor's FX graph cache (the
         # generated code) and rematc's plan cache still serve. Under a budget the backward
@@ -319,25 +308,6 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
-
-
-class _SamePlan(Exception):
-    """Raised in place of compiling a re-plan that emits the plan compiled before it."""
-
-
-def stopping_at_the_same_plan(inner_compile: Callable[..., Any], partitioner: RematPartitioner,
-                              before: PartitionRecord) -> Callable[..., Any]:
-    """``inner_compile``, which raises :class:`_SamePlan` before compiling anything where
-    the partitioning just run chose ``before``'s plan again."""
-
-    @functools.wraps(inner_compile)
-    def compile_unless_same(*args: Any, **kwargs: Any) -> Any:
-        record = partitioner.record
-        if record is not None and record is not before and record.plan == before.plan:
-            raise _SamePlan
-        return inner_compile(*args, **kwargs)
-
-    return compile_unless_same
 
 
 class _MixOffered(Exception):

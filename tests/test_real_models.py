@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import warnings
 from collections.abc import Iterator
 
@@ -138,10 +137,6 @@ def check_model(name: str, variant: str, compiler: str) -> None:
         assert peak <= eager_peak * (1 + PEAK_TOLERANCE), (peak, eager_peak)
     elif len({r.graph for r in records}) == 1:
         record = records[-1]  # the plan compiled last, after any re-plans of the generated code
-        # a re-plan (more taken off the budget) that emits the plan compiled before it is
-        # not compiled again
-        assert all(a.plan != b.plan for a, b in itertools.pairwise(records) if b.squeezed > a.squeezed), (
-            [(r.solver, r.squeezed) for r in records])
         assert record.budget is not None and record.predicted_peak <= record.budget
         scratch = half_matmul_scratch(model, inputs[0].numel()) if variant == "bf16" else 0
         about = (f"measured {peak} B, budget {record.budget} B, predicted {record.predicted_peak} B, "
