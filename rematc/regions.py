@@ -530,21 +530,24 @@ def cached_survey(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     run stored it (it costs a Dynamo trace of the model), and stored there otherwise."""
     digest = _survey_key(model, args, kwargs, options)
     root = plancache.directory(options.cache_dir)
-    needs = _SURVEYS.get(digest)
-    stored = False
-    if needs is None and root is not None:
-        note = plancache.load_note(root, digest)
-        if isinstance(note, list) and all(isinstance(n, list) and len(n) == len(Need._fields) for n in note):
-            needs, stored = tuple(Need(*(int(x) for x in n)) for n in note), True
+    stored = None if root is None else _needs_of(plancache.load_note(root, digest))
+    needs = _SURVEYS.get(digest, stored)
     if needs is None:
         needs = survey(model, args, kwargs, options, compile_twin)
-    if root is not None and not stored:
+    if root is not None and stored is None:  # written once per plan cache, not per compile
         plancache.store_note(root, digest, [list(n) for n in needs])
     _SURVEYS.pop(digest, None)
     _SURVEYS[digest] = needs
     while len(_SURVEYS) > SURVEYS_KEPT:
         del _SURVEYS[next(iter(_SURVEYS))]
     return needs
+
+
+def _needs_of(note: Any) -> tuple[Need, ...] | None:
+    """The survey a plan-cache note holds, None where it holds none."""
+    if isinstance(note, list) and all(isinstance(n, list) and len(n) == len(Need._fields) for n in note):
+        return tuple(Need(*(int(x) for x in n)) for n in note)
+    return None
 
 
 def forget_surveys() -> None:
