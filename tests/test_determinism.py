@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from ortools.sat.python import cp_model
 
-from solvers import Plan, Problem, SolverConfig, Status, check, sat, save_all, solve
+from solvers import Plan, Problem, SolverConfig, Status, check, deadline, sat, save_all, solve
 from solvers.problem import node
 from solvers.sat import make_solver, search
 from solvers.singlephase import local
@@ -119,7 +119,10 @@ def test_a_deterministic_local_search_stops_after_its_work(monkeypatch: pytest.M
 
 
 @pytest.mark.slow
-def test_a_two_phase_search_stopped_by_its_limit_repeats_its_plan() -> None:
+def test_a_two_phase_search_stopped_by_its_limit_repeats_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wall clock's backstop out of reach: on a loaded machine it, not the work,
+    # stopped CP-SAT at this limit, and a plan stopped by the clock may differ by design.
+    monkeypatch.setattr(deadline, "WALL_BACKSTOP", 10**4)
     p = at(layered(300), 0.3)
     config = SolverConfig(time_limit=0.02, workers=8, seed=1, deterministic=True)
     results = [solve(p, config) for _ in range(2)]
