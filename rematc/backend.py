@@ -38,6 +38,7 @@ from rematc.generated import recording_peaks
 from rematc.inductor_rules import check_release
 from rematc.options import CACHE_AUTO, Options
 from rematc.partition import (
+    LEAST_PEAK,
     BudgetShare,
     BudgetWarning,
     PartitionRecord,
@@ -210,7 +211,8 @@ class Backend:
         """Compile with Inductor, then hold the budget against the generated code: where
         its peak (``rematc.generated``) is above the budget, re-plan with the budget less
         the gap between the code's peak and the plan's prediction (so the plan changes),
-        at most :data:`REPLANS` times. Still above a byte budget: an
+        at most :data:`REPLANS` times, and not where the plan is the graph's least-peak
+        plan (``LEAST_PEAK``), which any smaller budget plans again. Still above a byte budget: an
         :class:`InfeasibleBudgetError` stating the code's peak as the smallest budget that
         holds, its plan kept in hand so that asking for it gets that code; above a fraction
         (a request to shrink): a warning with the numbers."""
@@ -228,6 +230,8 @@ class Backend:
                 return compiled
             if record.generated_peak <= target:
                 return compiled
+            if record.solver == LEAST_PEAK:
+                break  # the least peak found: a smaller budget plans it again, to the same code
             gap = record.generated_peak - record.predicted_peak
             log.info("rematc: the generated code peaks %d B above the budget (%d B), %d B above the "
                      "plan's prediction; re-planning with that taken off", record.generated_peak - target,

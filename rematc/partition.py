@@ -425,6 +425,10 @@ class BudgetShare:
             )
 
 
+# The solver name of a graph's least-peak plan (PartitionRecord.solver): what a fraction
+# budget below it, or several calls no other plan fits, run. A smaller budget plans it again.
+LEAST_PEAK = "least-peak"
+
 # Plans of :meth:`RematPartitioner.room_for_calls` before its least-peak plan: each at a
 # budget smaller by the last plan's excess (what it holds shrinks with the budget), or
 # halfway back up.
@@ -821,7 +825,7 @@ class RematPartitioner(CustomPartitionerFn):
                 "of unconstrained).", BudgetWarning, stacklevel=2)
             result = SolveResult(status=Status.FEASIBLE if not e.proven else Status.OPTIMAL,
                                  plan=e.plan, report=report, objective=report.added_time,
-                                 bound=0.0, wall_time=0.0, solver="least-peak")
+                                 bound=0.0, wall_time=0.0, solver=LEAST_PEAK)
             return Planned(result, cached=False), least
         assert asked is not None
         if e.min_feasible is None:
@@ -951,7 +955,7 @@ class RematPartitioner(CustomPartitionerFn):
             least, _, peak, plan = min(judged, key=lambda j: (j[0], j[1]))
         if least <= room:
             fitted = problem.with_budget(peak + room - least)
-            fits = _fitting(fitted, plan, "least-peak" if plan is resorts[0] else "holding-ladder")
+            fits = _fitting(fitted, plan, LEAST_PEAK if plan is resorts[0] else "holding-ladder")
             assert fits is not None
             return found(Planned(fits, cached=False), fitted)
         raise InfeasibleBudgetError(room, least, proven=False, plan=plan)

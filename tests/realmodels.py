@@ -126,7 +126,10 @@ def hf_vit(*, checkpointing: bool = False, split: bool = False) -> Example:
     cfg = transformers.ViTConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                                  num_attention_heads=HEADS, intermediate_size=2 * HIDDEN,
                                  image_size=32, patch_size=8, num_labels=10,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                 # set as the first step would: its loss sets the config's
+                                 # problem type, and Dynamo then compiles the step again
+                                 problem_type="single_label_classification")
     model = _hf(lambda: transformers.ViTForImageClassification(cfg), checkpointing=checkpointing)
     g = torch.Generator().manual_seed(1)
     images = torch.randn(BATCH, 3, 32, 32, generator=g)
