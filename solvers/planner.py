@@ -65,6 +65,8 @@ STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers 
 # fewer spans on a loaded machine), so a later solve may not find it again; it starts
 # from this plan instead, and the budget the error stated gets a plan. Kept with its peak.
 _STATED: dict[Problem, tuple[int, Plan]] = {}
+# The last problem's offloaded checkpointing plans, unbudgeted (:func:`hosted`).
+_LAST_HOSTED: tuple[tuple[object, float], list[SolveResult]] | None = None
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, deadline: Deadline | None = None
@@ -360,10 +362,25 @@ def least_known_rung(problem: Problem) -> SolveResult | None:
 def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     """Where the problem has a host link, checkpointing every k-th segment (k in
     ``KNOWN_EVERY``) with what it keeps offloaded where the copies hide
-    (:func:`solvers.hostcopy.offload_hidden`), each judged against the budget."""
+    (:func:`solvers.hostcopy.offload_hidden`), each judged against the budget. The
+    plans do not depend on the budget, and the last problem's are kept: asked again at
+    another budget (an infeasible one's least-peak plans, :func:`least_known_peaks`), only
+    the verdicts change (Llama-2-70B: 3.4 s each time)."""
+    global _LAST_HOSTED
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return []
-    return [r for k in KNOWN_EVERY for r in offloaded(problem, checkpoint_every(problem.with_budget(None), config, k=k))]
+    key = (problem.nodes, problem.host_bandwidth)
+    last = _LAST_HOSTED  # read once: another thread may replace it meanwhile
+    if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
+        free = problem.with_budget(None)
+        last = _LAST_HOSTED = (key, [r for k in KNOWN_EVERY for r in offloaded(free, checkpoint_every(free, config, k=k))])
+    out = []
+    for r in last[1]:
+        assert r.plan is not None and r.report is not None  # without a budget every plan fits
+        report = replace(r.report, budget=problem.budget)
+        out.append(replace(r, status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
+                           plan=r.plan if report.fits else None, report=report))
+    return out
 
 
 def grouped(problem: Problem, config: SolverConfig, deadline: Deadline) -> list[SolveResult]:

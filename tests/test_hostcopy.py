@@ -544,3 +544,29 @@ def test_offloaded_checkpointing_gives_eagers_gradients(seed: int, monkeypatch: 
     assert any(t.reload_at < next(s.before for s in plan.schedule if s.node == t.node) - 1
                for t in plan.transfers), "every copy back runs beside one step"
     assert_same_step(reference, result, rtol=1e-5, atol=1e-6)
+
+
+def test_the_offloaded_checkpointing_plans_are_kept_and_judged_again_at_another_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An infeasible budget's least-peak plans ask for them again (3.4 s on Llama-2-70B):
+    the last problem's are kept, and only the verdicts follow the budget, as computed
+    afresh."""
+    p = deep()
+    every = checkpoint_every(p).report
+    assert every is not None
+    config = SolverConfig(time_limit=10.0)
+    monkeypatch.setattr(planner, "_LAST_HOSTED", None)
+    twin = dataclasses.replace(p, nodes=tuple(list(p.nodes)))  # equal, but not the last problem
+    tight_budget = min(r.report.peak for r in planner.hosted(twin, config) if r.report is not None) - 1
+    fresh = planner.hosted(twin.with_budget(tight_budget), config)
+    loose = planner.hosted(p.with_budget(every.peak), config)
+    assert loose and any(r.plan is not None for r in loose)
+
+    def moved(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the plans were moved to the host again")
+
+    monkeypatch.setattr(planner, "offload_hidden", moved)
+    kept = planner.hosted(p.with_budget(tight_budget), config)
+    assert [(r.status, r.plan is None, r.report.peak if r.report else None) for r in kept] == \
+        [(r.status, r.plan is None, r.report.peak if r.report else None) for r in fresh]
+    assert all(r.plan is None for r in kept)  # under every plan's peak: none fits
