@@ -231,7 +231,11 @@ class Backend:
             if record.generated_peak <= target:
                 return compiled
             if record.solver == LEAST_PEAK:
-                break  # the least peak found: a smaller budget plans it again, to the same code
+                # The least peak found: under a fraction a smaller budget plans it again, to
+                # the same code. (Where room for several calls chose it as the fastest plan
+                # that fits, a smaller room might take a slower rung of the holding ladder
+                # that needs less: not tried; the step then warns or states its budget.)
+                break
             gap = record.generated_peak - record.predicted_peak
             log.info("rematc: the generated code peaks %d B above the budget (%d B), %d B above the "
                      "plan's prediction; re-planning with that taken off", record.generated_peak - target,
