@@ -75,7 +75,7 @@ def greedy(problem: Problem, config: SolverConfig = SolverConfig(), *,
             if trial.fits:
                 recomputed.discard(v)
                 report = trial
-    return _judged(problem, plan_with(problem, recomputed), "greedy", t0)
+    return judged(problem, plan_with(problem, recomputed), "greedy", t0)
 
 
 def free_recompute(problem: Problem, config: SolverConfig = SolverConfig(), *,
@@ -84,7 +84,7 @@ def free_recompute(problem: Problem, config: SolverConfig = SolverConfig(), *,
     nothing: the plan for "no budget" under Inductor, where a recomputed pointwise op
     fuses into its consumer and costs a launch, so the peak drops at almost no time."""
     t0 = time.perf_counter()
-    return _judged(problem, free_plan(problem, free_time), "free_recompute", t0)
+    return judged(problem, free_plan(problem, free_time), "free_recompute", t0)
 
 
 def free_plan(problem: Problem, free_time: float | None = None) -> Plan:
@@ -135,7 +135,7 @@ def checkpoint_every(problem: Problem, config: SolverConfig = SolverConfig(), *,
     kept = set(boundaries[k - 1 :: k])
     recomputed = {v for v in problem.candidates
                   if problem.nodes[v].recomputable and v not in kept}
-    return _judged(problem, plan_with(problem, recomputed), f"checkpoint_every_{k}", t0)
+    return judged(problem, plan_with(problem, recomputed), f"checkpoint_every_{k}", t0)
 
 
 def selective(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
@@ -147,7 +147,7 @@ def selective(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveR
     matmuls and attention in ``torch.utils.checkpoint`` (torchtitan's op-level selective
     checkpointing) does around every block."""
     t0 = time.perf_counter()
-    return _judged(problem, plan_with(problem, free_values(problem)), "selective", t0)
+    return judged(problem, plan_with(problem, free_values(problem)), "selective", t0)
 
 
 def sqrt_n(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveResult:
@@ -172,7 +172,7 @@ def knapsack(problem: Problem, config: SolverConfig = SolverConfig()) -> SolveRe
     items = [v for v in problem.candidates if problem.backward_uses[v] and problem.nodes[v].recomputable]
     saved = knapsack_choice(problem, items, problem.budget)
     recomputed = {v for v in items if v not in saved}
-    return _judged(problem, plan_with(problem, recomputed), "knapsack", t0)
+    return judged(problem, plan_with(problem, recomputed), "knapsack", t0)
 
 
 def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: int = 10_000) -> frozenset[int]:
@@ -190,7 +190,7 @@ def knapsack_choice(problem: Problem, items: list[int], budget: int, *, units: i
     return best[units][1]
 
 
-def _judged(problem: Problem, plan: Plan, name: str, t0: float, report: Report | None = None) -> SolveResult:
+def judged(problem: Problem, plan: Plan, name: str, t0: float, report: Report | None = None) -> SolveResult:
     """A baseline's plan and the checker's verdict on it (``report``, where given)."""
     report = report if report is not None else check(problem, plan)
     return SolveResult(
@@ -285,7 +285,7 @@ def ladder_rungs(problem: Problem) -> list[SolveResult]:
     if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
         free = problem.with_budget(None)
         last = _LAST_LADDER = (key, [(plan, check(free, plan)) for plan in holding_ladder(problem)])
-    return [_judged(problem, plan, "holding-ladder", t0, replace(report, budget=problem.budget))
+    return [judged(problem, plan, "holding-ladder", t0, replace(report, budget=problem.budget))
             for plan, report in last[1]]
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from ortools.sat.python import cp_model
 
 from solvers import bound, chain, cpsat, multilevel
-from solvers.baselines import checkpoint_every, greedy, ladder_rungs, selective
+from solvers.baselines import checkpoint_every, greedy, judged, ladder_rungs, selective
 from solvers.checker import check
 from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
@@ -374,12 +374,11 @@ def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
         free = problem.with_budget(None)
         last = _LAST_HOSTED = (key, [r for k in KNOWN_EVERY for r in offloaded(free, checkpoint_every(free, config, k=k))])
+    t0 = time.perf_counter()
     out = []
     for r in last[1]:
         assert r.plan is not None and r.report is not None  # without a budget every plan fits
-        report = replace(r.report, budget=problem.budget)
-        out.append(replace(r, status=Status.FEASIBLE if report.fits else Status.INFEASIBLE,
-                           plan=r.plan if report.fits else None, report=report))
+        out.append(judged(problem, r.plan, r.solver, t0, replace(r.report, budget=problem.budget)))
     return out
 
 
