@@ -82,6 +82,7 @@ class Backend:
         # Its graphs are many by design: no GraphBreakWarning then.
         self.share = BudgetShare(warned=regions)
         self.flight = InFlight()  # the graphs' calls whose backward has not run
+        self.said_outside = False  # the warning of :meth:`_say_outside`, once
 
     def reset(self) -> None:
         """``torch._dynamo.reset()`` calls this: the compiled graphs are gone, and so is
@@ -97,6 +98,8 @@ class Backend:
         # backward: its plan leaves room for every call.
         calls = block_calls()
         options = self.options if calls is None else dataclasses.replace(self.options, calls=calls)
+        if calls is None and options.calls > 1:
+            self._say_outside(options)
         if self.regions and calls is None:
             # Regional compilation sends the blocks to Inductor and runs the rest as it is,
             # planned: the model around the blocks is little compute and much compile time.
@@ -130,6 +133,22 @@ class Backend:
             # the blocks whose inputs its plan recomputes (rematc.regions.Carry)
             return carry.recomputing(watched, partitioner.record.inputs_recomputed)
         return watched
+
+    def _say_outside(self, options: Options) -> None:
+        """Once, where a byte budget is given with ``calls`` (blocks compiled on their own,
+        each by ``torch.compile`` or accelerate's ``compile_regions``): the budget is held
+        by the graphs this backend compiles, and what the model allocates outside them is
+        not seen, so the step may peak above it."""
+        if self.said_outside or options.budget is None or options.budget.nbytes is None:
+            return
+        self.said_outside = True
+        warnings.warn(
+            f"rematc: the budget is held by the graphs this backend compiles, {options.calls} calls of "
+            f"each; what the model allocates outside them (the code left uncompiled around the blocks, "
+            f"parameters FSDP2 gathers) is not counted, so the step may peak above it: keep room for it "
+            f"with the option 'reserve' (bytes), or compile the model whole with "
+            f"rematc.compile(model, regions=True), which plans every graph of the step",
+            BudgetWarning, stacklevel=2)
 
     def _watched(self, compiled: Callable[..., Any], partitioner: RematPartitioner) -> Callable[..., Any]:
         """``compiled``, its calls watched with the figures of ``partitioner``'s plan."""
@@ -552,9 +571,11 @@ def compile(
 def fsdp_reserve(model: torch.nn.Module) -> int:
     """Bytes FSDP2 holds outside the compiled graphs of ``model`` at any point of a step,
     at most: the root's own parameters gathered (FSDP2 keeps them through the backward),
-    two other sharded modules' gathered parameters (the one running and the one prefetched
-    beside it) and one module's unsharded gradients before its reduce-scatter. 0 for a
-    model not sharded with ``fully_shard``."""
+    two other sharded modules' gathered parameters (the one running, and the all-gather
+    buffer of the one prefetched beside it), one module's unsharded gradients before its
+    reduce-scatter, and the reduce-scatter input of the module before it, which FSDP2
+    keeps until the next reduce-scatter starts (``reduce_scatter_max_input_buffers``, 1
+    by default). 0 for a model not sharded with ``fully_shard``."""
     from torch.distributed.fsdp import FSDPModule
 
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -570,7 +591,7 @@ def fsdp_reserve(model: torch.nn.Module) -> int:
     root = sharded[0] if sharded[0] is model else None
     others = sorted((gathered(m) for m in sharded if m is not root), reverse=True)
     largest = others[0] if others else 0
-    return (gathered(root) if root is not None else 0) + sum(others[:2]) + largest
+    return (gathered(root) if root is not None else 0) + sum(others[:2]) + 2 * largest
 
 
 def _sharded(model: torch.nn.Module) -> bool:
