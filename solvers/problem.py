@@ -319,13 +319,17 @@ class Problem:
         return {n.name: i for i, n in enumerate(self.nodes)}
 
     def with_budget(self, budget: int | None) -> Problem:
-        return Problem(
-            nodes=self.nodes,
-            budget=budget,
-            host_bandwidth=self.host_bandwidth,
-            name=self.name,
-            meta=dict(self.meta),
-        )
+        """This problem at ``budget``. Only the budget is validated again, and the structure
+        derived from the nodes (users, candidates, scale, ...) is carried over, not
+        computed anew: a solver asks for many budgets of one problem (on Llama-2-70B's
+        step, validating every copy took 3 of an infeasible budget's 30 s)."""
+        out = object.__new__(Problem)
+        for name, value in (("nodes", self.nodes), ("budget", budget), ("host_bandwidth", self.host_bandwidth),
+                            ("name", self.name), ("meta", dict(self.meta))):
+            object.__setattr__(out, name, value)
+        _validate_budget(out)
+        out.__dict__.update({k: v for k, v in self.__dict__.items() if k in _OF_THE_NODES})
+        return out
 
     def describe(self, i: int) -> str:
         n = self.nodes[i]
@@ -398,14 +402,24 @@ def _validate(p: Problem) -> None:
             if len(readers) != 1 or not p.nodes[readers[0]].stores(Copy.FORWARD):
                 raise ProblemError(f"node #{i} {n.name!r}: an unstored forward copy needs exactly one "
                                    f"forward reader whose own forward copy is stored, it has {len(readers)}")
-    if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
-        raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
-    if p.budget is not None and p.budget > MAX_BYTES:
-        raise ProblemError(f"budget {p.budget} is over {MAX_BYTES_TEXT}: no device holds that much")
+    _validate_budget(p)
     bw = p.host_bandwidth
     if not _is_real(bw) or not (math.isfinite(bw) and bw >= 0):
         raise ProblemError(f"host_bandwidth must be >= 0 bytes/s, got {bw!r}")
     _check_copy_time(p)
+
+
+def _validate_budget(p: Problem) -> None:
+    if p.budget is not None and (not _is_int(p.budget) or p.budget < 0):
+        raise ProblemError(f"budget must be a non-negative int of bytes, got {p.budget!r}")
+    if p.budget is not None and p.budget > MAX_BYTES:
+        raise ProblemError(f"budget {p.budget} is over {MAX_BYTES_TEXT}: no device holds that much")
+
+
+# The cached properties of a Problem that depend on its nodes alone (every one but the
+# budget in memory units): Problem.with_budget carries them over.
+_OF_THE_NODES = frozenset(name for name, attr in vars(Problem).items()
+                          if isinstance(attr, cached_property) and name != "capacity")
 
 
 def _check_copy_time(p: Problem) -> None:

@@ -97,6 +97,22 @@ def test_with_budget_keeps_everything_else() -> None:
     assert (q.nodes, q.host_bandwidth, q.name, q.meta) == (p.nodes, 5.0, "n", {"k": "v"})
 
 
+def test_with_budget_checks_the_budget_and_computes_only_what_depends_on_it() -> None:
+    """The structure derived from the nodes is carried over to the new budget's problem;
+    the budget in memory units is its own, and a bad budget is refused as at construction."""
+    p = chain_problem([4, 8, 4], [1.0, 2.0, 1.0], budget=20)
+    derived = (p.users, p.candidates, p.scale, p.n_forward)
+    assert p.capacity == 5
+    q = p.with_budget(40)
+    assert (q.users, q.candidates, q.scale, q.n_forward) == derived and q.users is p.users
+    assert q.capacity == 10 == Problem(nodes=p.nodes, budget=40).capacity
+    assert p.with_budget(None).capacity == Problem(nodes=p.nodes).capacity
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ProblemError, match="budget must be a non-negative int"):
+            p.with_budget(bad)  # type: ignore[arg-type]
+    assert q == Problem(nodes=p.nodes, budget=40, name=p.name) and hash(q) == hash(q.with_budget(40))
+
+
 def test_index_of_unknown_name_says_which_problem() -> None:
     with pytest.raises(KeyError, match="no value named 'zz' in problem 't'"):
         P(node("a")).index("zz")
