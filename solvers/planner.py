@@ -167,8 +167,8 @@ def known_only(problem: Problem, config: SolverConfig, *, deadline: Deadline | N
     # What no plan beats (the searches below prove no bound), in a share of the time. Under
     # ``deterministic`` its wall time is not counted as work, and the searches' shares are
     # of work: taken first, it would leave them less of the wall clock's backstop (3.9 s of
-    # 25 on Llama-2-70B at checkpointing's peak, where the chain model's search then ended
-    # on checkpointing's plan), so it comes after them.
+    # 25 on Llama-2-70B at checkpointing's peak, where the chain model's search meets the
+    # backstop before its share of work), so it comes after them.
     relaxed = None if config.deterministic else bound.lower_bound(problem, seconds=bound_time(config, deadline))
     built = chain.build_chain(problem, config, planner=PLANNER,
                               deadline=deadline.part(config.time_limit * chain.OPTION_SHARE))
