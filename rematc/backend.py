@@ -98,7 +98,7 @@ class Backend:
         # backward: its plan leaves room for every call.
         calls = block_calls()
         options = self.options if calls is None else dataclasses.replace(self.options, calls=calls)
-        if calls is None and options.calls > 1:
+        if calls is None:
             self._say_outside(options)
         if self.regions and calls is None:
             # Regional compilation sends the blocks to Inductor and runs the rest as it is,
@@ -139,7 +139,7 @@ class Backend:
         each by ``torch.compile`` or accelerate's ``compile_regions``): the budget is held
         by the graphs this backend compiles, and what the model allocates outside them is
         not seen, so the step may peak above it."""
-        if self.said_outside or options.budget is None or options.budget.nbytes is None:
+        if self.said_outside or options.calls < 2 or options.budget is None or options.budget.nbytes is None:
             return
         self.said_outside = True
         warnings.warn(

@@ -95,26 +95,32 @@ def train_blocks(route: str, budget: int | None) -> dict[str, Any]:
     return {"losses": losses, "peak": peak, "budget": budget}
 
 
+def train_blocks_saying(route: str, budget: int, said: str) -> dict[str, Any]:
+    """:func:`train_blocks`, and whether a warning of the step's says ``said``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train_blocks(route, budget)
+    return {**result, "warned": any(said in str(w.message) for w in caught)}
+
+
+# What rematc.compile says of the room it keeps for FSDP2 (rematc.backend.compile), and what
+# a backend given ``calls`` says of the memory outside its graphs (Backend._say_outside).
+SHARDED_SAID = "is sharded with FSDP2"
+OUTSIDE_SAID = "not counted"
+
+
 def train_regions_within(budget: int) -> dict[str, Any]:
     """:func:`train_blocks` regionally at ``budget``, or where rematc states it cannot be
     met, at the smallest budget it states (both ranks agree on it: the same shapes)."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            return {**train_blocks("regions", budget), "asked": budget, "warned": _fsdp_warned(caught)}
+        return {**train_blocks_saying("regions", budget, SHARDED_SAID), "asked": budget}
     except torch._dynamo.exc.BackendCompilerFailed as e:
         inner = e.inner_exception
         if not isinstance(inner, rematc.InfeasibleBudgetError) or inner.min_feasible is None:
             raise
         stated = inner.min_feasible
     torch._dynamo.reset()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        return {**train_blocks("regions", stated), "asked": budget, "warned": _fsdp_warned(caught)}
-
-
-def _fsdp_warned(caught: list[warnings.WarningMessage]) -> bool:
-    return any("FSDP2" in str(w.message) for w in caught)
+    return {**train_blocks_saying("regions", stated, SHARDED_SAID), "asked": budget}
 
 
 def main() -> None:
@@ -137,10 +143,7 @@ def main() -> None:
         results["blocks/reference"] = reference
         budget = int(BLOCKS_SHARE * reference["peak"])
         torch._dynamo.reset()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            results["blocks/blocks"] = {**train_blocks("blocks", budget),
-                                        "warned": any("not counted" in str(w.message) for w in caught)}
+        results["blocks/blocks"] = train_blocks_saying("blocks", budget, OUTSIDE_SAID)
         torch._dynamo.reset()
         results["blocks/regions"] = train_regions_within(budget)
         with open(f"{out_path}.{os.environ['RANK']}", "w") as f:
