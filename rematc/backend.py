@@ -82,6 +82,8 @@ class Backend:
         # Its graphs are many by design: no GraphBreakWarning then.
         self.share = BudgetShare(warned=regions)
         self.flight = InFlight()  # the graphs' calls whose backward has not run
+        # The graph being compiled: Inductor's code for each plan compiled (once_per_plan).
+        self.compiles: dict[tuple[str, bool, str], Any] = {}
         self.said_outside = False  # the warning of :meth:`_say_outside`, once
 
     def reset(self) -> None:
@@ -106,6 +108,7 @@ class Backend:
             options = dataclasses.replace(options, compiler="eager")
         partitioner = RematPartitioner(options, self.share)
         partitioner.leaves = leaf_inputs(example_inputs)
+        self.compiles = {}  # this graph's, by plan: see :func:`once_per_plan`
         # A regional block's calls are told apart by its index: they may run different plans.
         partitioner.mixes = self.regions and calls is not None and calls > 1
         carry = block_carry() if self.regions else None
@@ -164,7 +167,9 @@ class Backend:
         and so on. One plan for every block (``uniform``, which the eager route has
         compiled already, and Inductor compiles here only then) is returned instead where,
         under Inductor, the generated code of the mix's plans peaks so far above their
-        predictions that the mix no longer fits. A call outside a marked block runs
+        predictions that the mix no longer fits (known once the plans compiled so far show
+        it: the rest are not compiled; the one plan, where it was one of those, is not
+        compiled again, :func:`once_per_plan`). A call outside a marked block runs
         ``uniform`` where it is compiled, else the mix's first plan, each watched with its
         own figures."""
         mix = partitioner.mix
@@ -172,6 +177,7 @@ class Backend:
         planned = partitioner.record
         compiled, records = [], []
         start = 0
+        needed = 0
         for plan, count in zip(mix.plans, mix.counts, strict=True):
             partitioner.fixed = plan
             try:
@@ -190,11 +196,15 @@ class Backend:
             compiled.append(watching(fn, self.flight, graph_name(record.graph),
                                      functools.partial(_figures, record, partitioner.options)))
             records.append(record)
-        # The code Inductor generated may peak above a plan's prediction: the mix holds
-        # only with those gaps counted.
-        tiers = [dataclasses.replace(t, forward=t.forward + _gap(r), backward=t.backward + _gap(r))
-                 for t, r in zip(mix.tiers, records, strict=True)]
-        needed = need(tiers, mix.counts, grads=mix.grads, reserve=mix.reserve)
+            # The code Inductor generated may peak above a plan's prediction: the mix
+            # holds only with those gaps counted. The plans not compiled yet are counted
+            # at their predictions, so a mix that cannot fit compiles no further plan.
+            gaps = [_gap(r) for r in records] + [0] * (len(mix.tiers) - len(records))
+            tiers = [dataclasses.replace(t, forward=t.forward + g, backward=t.backward + g)
+                     for t, g in zip(mix.tiers, gaps, strict=True)]
+            needed = need(tiers, mix.counts, grads=mix.grads, reserve=mix.reserve)
+            if needed > mix.room:
+                break
         if needed > mix.room:
             log.info("rematc: the mix of plans needs %d B in the generated code, above its room of %d B: "
                      "one plan for every block instead", needed, mix.room)
@@ -310,6 +320,7 @@ class Backend:
     def _compile_inductor(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
                           partitioner: RematPartitioner) -> Callable[..., Any]:
         compile_fx, compile_fx_inner = inductor_compile_fx()
+        compile_fx_inner = once_per_plan(compile_fx_inner, partitioner, self.compiles)
         devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)} - {"cpu", "meta"}
         check_release(TORCH, device=min(devices, default="cpu"))
         inner = checking_donations(compile_fx_inner, lambda: partitioner.donations,
@@ -335,6 +346,40 @@ class Backend:
             compiled = compile_fx(gm, list(example_inputs), inner_compile=inner,
                                   config_patches=inductor_patches(self.options, partitioner))
         return cast(Callable[..., Any], compiled)
+
+
+def once_per_plan(inner_compile: Callable[..., Any], partitioner: RematPartitioner,
+                  compiles: dict[tuple[str, bool, str], Any]) -> Callable[..., Any]:
+    """``inner_compile`` (Inductor's ``compile_fx_inner``) that compiles the forward or
+    backward of one plan of the graph being compiled once: asked again for the same plan
+    (``partitioner.record``'s key), the same graph code and the same inputs' shapes,
+    strides, dtypes and devices, it returns what it compiled then from ``compiles``. Same
+    plan, same code: the plan fixes the emitted graphs and Inductor's buffer room
+    (:func:`rematc.reuse.room_of`). Where a mix of plans falls back to one plan for every
+    block, that plan was compiled as one of the mix's."""
+
+    @functools.wraps(inner_compile)
+    def compile_once_per_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], *args: Any,
+                              **kwargs: Any) -> Any:
+        record = partitioner.record
+        if record is None:
+            return inner_compile(gm, example_inputs, *args, **kwargs)
+        key = (repr(record.plan.key), bool(kwargs.get("is_backward", False)), _compiled_signature(gm))
+        if key not in compiles:
+            compiles[key] = inner_compile(gm, example_inputs, *args, **kwargs)
+        return compiles[key]
+
+    return compile_once_per_plan
+
+
+def _compiled_signature(gm: fx.GraphModule) -> str:
+    """What Inductor compiles of ``gm``: its code and its placeholders' tensor metadata."""
+    inputs = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        inputs.append(repr((tuple(val.shape), tuple(val.stride()), val.dtype, val.device))
+                      if isinstance(val, torch.Tensor) else repr(val))
+    return gm.code + "\n" + "\n".join(inputs)
 
 
 class _MixOffered(Exception):
