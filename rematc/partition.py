@@ -568,6 +568,38 @@ def freed_inputs(joint: fx.GraphModule, num_fwd_outputs: int, static: Sequence[i
             sum(count * nbytes for count, nbytes in freed.values()))
 
 
+def relieve_earlier(share: BudgetShare, graph: GraphKey, freed: Sequence[Dropped]) -> None:
+    """After the graph that returns the loss (``graph``) is planned: the outputs of an
+    earlier graph it frees (``freed``, :func:`freed_inputs`) are gone before that graph's
+    backward runs, which comes after this one's, so the earlier graph's ``own_need`` (its
+    record in ``records()``) counts its backward without them. Its plan was made counting
+    them: it stands, and leaves that room unused. Only where one earlier graph, of one
+    call and one plan, returns the freed signature once: the bytes are then surely its."""
+    relieved: dict[GraphKey, int] = {}
+    for dropped in freed:
+        returning = [g for g, sigs in share.returns.items() if g < graph and dropped.signature in sigs]
+        if len(returning) == 1 and share.returns[returning[0]].count(dropped.signature) == 1:
+            relieved[returning[0]] = relieved.get(returning[0], 0) + dropped.nbytes
+    for earlier, nbytes in relieved.items():
+        i = next((i for i in reversed(range(len(_RECORDS))) if _RECORDS[i].graph == earlier), None)
+        if i is None:
+            continue
+        r = _RECORDS[i]
+        if r.calls != 1 or r.solver == "mix" or r.plan is None:
+            continue
+        t = tier(r.problem, check(r.problem, r.plan))
+        off = r.freed_bytes if r.held_before >= r.freed_bytes else 0
+
+        def alone(freed_bytes: int, t: Tier = t, r: PartitionRecord = r) -> int:
+            return calls_need([t], [1], grads=r.grads, freed=freed_bytes)
+
+        lower = alone(off) - alone(off + nbytes)
+        if lower > 0:
+            _RECORDS[i] = replace(r, own_need=r.own_need - lower)
+            log.info("rematc: %s's backward runs after the loss graph freed %d B of its outputs: "
+                     "its step need is %d B lower", graph_name(earlier), nbytes, lower)
+
+
 def returned_bytes(gm: fx.GraphModule) -> int:
     """Bytes of the storages ``gm`` (a Dynamo graph, before AOTAutograd) returns that none
     of its inputs owns: what its outputs hold beyond its inputs, each storage once."""
@@ -1223,6 +1255,8 @@ class RematPartitioner(CustomPartitionerFn):
         )
         _RECORDS.append(record)
         self.record = record
+        if freed and graph is not None:
+            relieve_earlier(self.share, graph, freed)
         log.info("rematc: %d values, budget %s B, predicted peak %d B (unconstrained %d B), "
                  "+%.3g s, %s by %s%s in %.2f s", record.values, problem.budget, report.peak,
                  unconstrained.peak, report.added_time, record.status, record.solver,
