@@ -156,6 +156,9 @@ class PartitionRecord:
     # largest over a step's records is its predicted peak; ``step_need`` may be above it
     # where a survey's figure for the later graphs (reserve) was above their plans'.
     own_need: int = 0
+    # Bytes taken off ``own_need`` once a later graph freed some of this graph's outputs
+    # before its backward (:func:`relieve_earlier`); 0 where none did.
+    relieved: int = 0
     grads: int = 0  # bytes of the parameters' gradients its backward produces
     # In a mix of plans for a graph's calls (:class:`Mixed`): the calls, by position in the
     # step (a regional block's index), that run this plan; () where every call runs it.
@@ -585,8 +588,8 @@ def relieve_earlier(share: BudgetShare, graph: GraphKey, freed: Sequence[Dropped
         if i is None:
             continue
         r = _RECORDS[i]
-        if r.calls != 1 or r.solver == "mix" or r.plan is None:
-            continue
+        if r.calls != 1 or r.solver == "mix" or r.plan is None or r.relieved:
+            continue  # relieved already where the loss graph was planned again
         t = tier(r.problem, check(r.problem, r.plan))
         off = r.freed_bytes if r.held_before >= r.freed_bytes else 0
 
@@ -595,7 +598,7 @@ def relieve_earlier(share: BudgetShare, graph: GraphKey, freed: Sequence[Dropped
 
         lower = alone(off) - alone(off + nbytes)
         if lower > 0:
-            _RECORDS[i] = replace(r, own_need=r.own_need - lower)
+            _RECORDS[i] = replace(r, own_need=r.own_need - lower, relieved=lower)
             log.info("rematc: %s's backward runs after the loss graph freed %d B of its outputs: "
                      "its step need is %d B lower", graph_name(earlier), nbytes, lower)
 

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 import rematc
+import rematc.partition
+from rematc.calls import signature
 from rematc.memory import profiler_peak
 from tests.helpers import infeasible_cause, tiny_llama
 
@@ -238,6 +240,15 @@ def test_the_graph_that_returned_the_logits_counts_its_backward_without_them(reg
     predicted = max(r.own_need for r in records)
     assert peak <= predicted + GPT2_OUTSIDE, (peak, predicted)
     assert predicted - peak < GPT2_LOGITS // 2, (peak, predicted)
+    if not regions:
+        (head,) = [r for r in records if r.relieved]
+        assert head.relieved == GPT2_LOGITS
+        # The loss graph planned again (a re-plan under Inductor) takes nothing off twice.
+        (loss,) = [r for r in records if r.freed_bytes]
+        share = rematc.partition.BudgetShare()
+        share.returns[head.graph] = [signature(torch.empty(2, 64, 512))]
+        rematc.partition.relieve_earlier(share, loss.graph, loss.freed)
+        assert [r.own_need for r in rematc.records()] == [r.own_need for r in records]
 
 
 def test_a_step_that_holds_the_logits_a_loss_graph_freed_stops_there() -> None:
