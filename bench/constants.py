@@ -62,7 +62,7 @@ CONSTANTS: dict[str, tuple[Any, str, float, float]] = {
     "chain.TIGHTEN": (chain, "TIGHTEN", 4, 8),
     "chain.FAR": (chain, "FAR", 1.1, 1.5),
     "chain.COARSE": (chain, "COARSE", 6, 12),
-    "chain.OPTION_SHARE": (chain, "OPTION_SHARE", 0.35, 0.65),
+    "chain.OPTION_SHARE": (chain, "OPTION_SHARE", 0.25, 0.5),
     "chain.SINGLES_SHARE": (chain, "SINGLES_SHARE", 0.15, 0.35),
     "chain.ALL_SHARE": (chain, "ALL_SHARE", 0.5, 0.8),
     "multilevel.TIGHTEN": (multilevel, "TIGHTEN", 4, 8),

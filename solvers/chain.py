@@ -135,7 +135,7 @@ SWEEP = 6  # CP-SAT budgets per distinct segment, evenly from its least peak to 
 # k / DEAREST of what it could save: the trade of kept bytes for time the chain level makes
 DEAREST = 24
 SPAN = 4  # segments, at most, planned as one (two layers of a transformer)
-OPTION_SHARE = 0.5  # of the time limit, at most, for the segments' options
+OPTION_SHARE = 0.35  # of the time limit, at most, for the segments' options
 PEAK_SHARE = 0.5  # of what is left, at most, for the least-peak search; the search for time at its peak gets the rest
 TIGHTEN = 6  # chain solves at most per phase, each with the budget moved by the last one's excess or slack
 # (or halfway between the highest target whose plan fitted and the lowest whose plan did not)
