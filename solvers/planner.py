@@ -69,8 +69,6 @@ _STATED: dict[Problem, tuple[int, Plan]] = {}
 # and the same offloaded (:func:`hosted`).
 _LAST_CHECKPOINTING: tuple[tuple[object, float], list[SolveResult]] | None = None
 _LAST_HOSTED: tuple[tuple[object, float], list[SolveResult]] | None = None
-# The multi-level least-peak plan of the last solve that searched one (:func:`grouped_least`).
-_LAST_GROUPED_LEAST: tuple[tuple[object, float, Deadline], SolveResult] | None = None
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, deadline: Deadline | None = None
@@ -420,22 +418,10 @@ def grouped(problem: Problem, config: SolverConfig, deadline: Deadline) -> list[
     found = multilevel.solve(problem, config, deadline=deadline)
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return [found]
-    base = found if found.plan is not None else grouped_least(problem, config, deadline)
+    base = found
+    if found.plan is None:
+        base = multilevel.min_peak(problem.with_budget(None), config, deadline=deadline)
     return [found, *offloaded(problem, base)]
-
-
-def grouped_least(problem: Problem, config: SolverConfig, deadline: Deadline) -> SolveResult:
-    """The multi-level least-peak plan of ``problem`` without its budget
-    (:func:`solvers.multilevel.min_peak`), within ``deadline``, searched once per solve:
-    asked again under the same top-level deadline (by :func:`grouped`, then by
-    :func:`least_known_peaks` for an infeasible budget's error), the first answer (the
-    second search took 1.0-1.3 s on Llama-2-70B, after the solve's time was out)."""
-    global _LAST_GROUPED_LEAST
-    key = (problem.nodes, problem.host_bandwidth, deadline.root())
-    last = _LAST_GROUPED_LEAST  # read once: another thread may replace it meanwhile
-    if last is None or last[0][0] is not key[0] or last[0][1] != key[1] or last[0][2] is not key[2]:
-        last = _LAST_GROUPED_LEAST = (key, multilevel.min_peak(problem.with_budget(None), config, deadline=deadline))
-    return last[1]
 
 
 def offloaded(problem: Problem, result: SolveResult) -> list[SolveResult]:
@@ -507,7 +493,7 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Ch
         found.append(rung)
     found += hosted(unbudgeted, config)
     if config.multilevel:
-        least = grouped_least(unbudgeted, config, deadline)
+        least = multilevel.min_peak(unbudgeted, config, deadline=deadline)
         found += [least, *offloaded(unbudgeted, least)]
     if built is not None:
         found.append(chain.min_peak(unbudgeted, config, chain=built, deadline=deadline))
