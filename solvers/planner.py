@@ -352,9 +352,11 @@ def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     the op's entries, so it may prove no plan fits a budget a rung fits (a transformers
     GPT-2 whose GELU is written out in steps)."""
     t0 = time.perf_counter()
-    return [*(judged(problem, r.plan, r.solver, t0, replace(r.report, budget=problem.budget))
-              for r in unbudgeted_checkpointing(problem, config) if r.plan is not None and r.report is not None),
-            *ladder_rungs(problem)]
+    out = []
+    for r in unbudgeted_checkpointing(problem, config):
+        assert r.plan is not None and r.report is not None  # without a budget every plan fits
+        out.append(judged(problem, r.plan, r.solver, t0, replace(r.report, budget=problem.budget)))
+    return [*out, *ladder_rungs(problem)]
 
 
 def unbudgeted_checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
