@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
+from typing import Generic, TypeVar
 
 from solvers.checker import Report, check
 from solvers.deadline import Deadline
@@ -266,11 +268,40 @@ def holding_ladder(problem: Problem, rungs: int = 16) -> list[Plan]:
     return [ladder[round(k * (len(ladder) - 1) / (rungs - 1))] for k in range(rungs)]
 
 
-# The last ladder judged, by the nodes of its problem (the same object for the problem at
-# every budget) and its host link: a solve judges it more than once (its known plans, then
-# the least-peak plans that explain an infeasible budget), a second each time on a
-# 70B-shaped step.
-_LAST_LADDER: tuple[tuple[object, float], list[tuple[Plan, Report]]] | None = None
+T = TypeVar("T")
+
+
+class LastProblem(Generic[T]):
+    """What is computed from a problem's nodes and host link alone (not its budget), kept
+    for the last problem asked: by the identity of its nodes (the same object for the
+    problem at every budget) and its host link. A solve asks for the baselines more than
+    once (its known plans, their offloaded forms, then the least-peak plans that explain
+    an infeasible budget), seconds each time on a 70B-shaped step."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[tuple[object, float], T] | None = None
+
+    def get(self, problem: Problem, make: Callable[[Problem], T]) -> T:
+        """The value kept for ``problem``, else ``make(problem without its budget)``, kept."""
+        key = (problem.nodes, problem.host_bandwidth)
+        kept = self._kept  # read once: another thread may replace it meanwhile
+        if kept is None or kept[0][0] is not key[0] or kept[0][1] != key[1]:
+            kept = self._kept = (key, make(problem.with_budget(None)))
+        return kept[1]
+
+
+def rejudged(problem: Problem, found: Iterable[SolveResult]) -> list[SolveResult]:
+    """Results judged without a budget on ``problem``'s nodes, each judged against its
+    budget: only the verdict changes."""
+    t0 = time.perf_counter()
+    out = []
+    for r in found:
+        assert r.plan is not None and r.report is not None  # without a budget every plan fits
+        out.append(judged(problem, r.plan, r.solver, t0, replace(r.report, budget=problem.budget)))
+    return out
+
+
+_LADDER: LastProblem[list[SolveResult]] = LastProblem()
 
 
 def ladder_rungs(problem: Problem) -> list[SolveResult]:
@@ -278,15 +309,11 @@ def ladder_rungs(problem: Problem) -> list[SolveResult]:
     ``problem``'s budget, as the baselines above are (no plan where it does not fit). The
     last problem's ladder and verdicts are kept: asked again at another budget, only the
     budget changes."""
-    global _LAST_LADDER
-    t0 = time.perf_counter()
-    key = (problem.nodes, problem.host_bandwidth)
-    last = _LAST_LADDER  # read once: another thread may replace it meanwhile
-    if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
-        free = problem.with_budget(None)
-        last = _LAST_LADDER = (key, [(plan, check(free, plan)) for plan in holding_ladder(problem)])
-    return [judged(problem, plan, "holding-ladder", t0, replace(report, budget=problem.budget))
-            for plan, report in last[1]]
+    def judge(free: Problem) -> list[SolveResult]:
+        t0 = time.perf_counter()
+        return [judged(free, plan, "holding-ladder", t0) for plan in holding_ladder(free)]
+
+    return rejudged(problem, _LADDER.get(problem, judge))
 
 
 def decisions_with(problem: Problem, recomputed: AbstractSet[int]) -> dict[int, Decision]:

@@ -24,7 +24,14 @@ from dataclasses import replace
 from ortools.sat.python import cp_model
 
 from solvers import bound, chain, cpsat, multilevel
-from solvers.baselines import checkpoint_every, greedy, judged, ladder_rungs, selective
+from solvers.baselines import (
+    LastProblem,
+    checkpoint_every,
+    greedy,
+    ladder_rungs,
+    rejudged,
+    selective,
+)
 from solvers.checker import check
 from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
@@ -67,8 +74,8 @@ STATED_KEPT = 8  # problems whose stated least-peak plan this process remembers 
 _STATED: dict[Problem, tuple[int, Plan]] = {}
 # The last problem's checkpointing plans, unbudgeted (:func:`unbudgeted_checkpointing`),
 # and the same offloaded (:func:`hosted`).
-_LAST_CHECKPOINTING: tuple[tuple[object, float], list[SolveResult]] | None = None
-_LAST_HOSTED: tuple[tuple[object, float], list[SolveResult]] | None = None
+_CHECKPOINTING: LastProblem[list[SolveResult]] = LastProblem()
+_HOSTED: LastProblem[list[SolveResult]] = LastProblem()
 
 
 def solve(problem: Problem, config: SolverConfig = SolverConfig(), *, deadline: Deadline | None = None
@@ -351,12 +358,7 @@ def checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     counts a copy recomputed before one op as alive through it, where the checker follows
     the op's entries, so it may prove no plan fits a budget a rung fits (a transformers
     GPT-2 whose GELU is written out in steps)."""
-    t0 = time.perf_counter()
-    out = []
-    for r in unbudgeted_checkpointing(problem, config):
-        assert r.plan is not None and r.report is not None  # without a budget every plan fits
-        out.append(judged(problem, r.plan, r.solver, t0, replace(r.report, budget=problem.budget)))
-    return [*out, *ladder_rungs(problem)]
+    return [*rejudged(problem, unbudgeted_checkpointing(problem, config)), *ladder_rungs(problem)]
 
 
 def unbudgeted_checkpointing(problem: Problem, config: SolverConfig) -> list[SolveResult]:
@@ -365,14 +367,8 @@ def unbudgeted_checkpointing(problem: Problem, config: SolverConfig) -> list[Sol
     do not depend on the budget, and the last problem's are kept: a solve asks for them
     three times (:func:`checkpointing`, :func:`hosted`, and :func:`least_known_peaks` for
     an infeasible budget's error), and each time took 1.3-3.2 s on Llama-2-70B."""
-    global _LAST_CHECKPOINTING
-    key = (problem.nodes, problem.host_bandwidth)
-    last = _LAST_CHECKPOINTING  # read once: another thread may replace it meanwhile
-    if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
-        free = problem.with_budget(None)
-        last = _LAST_CHECKPOINTING = (key, [*(checkpoint_every(free, config, k=k) for k in KNOWN_EVERY),
-                                            selective(free, config)])
-    return last[1]
+    return _CHECKPOINTING.get(problem, lambda free: [*(checkpoint_every(free, config, k=k) for k in KNOWN_EVERY),
+                                                     selective(free, config)])
 
 
 def least_known_rung(problem: Problem) -> SolveResult | None:
@@ -394,21 +390,14 @@ def hosted(problem: Problem, config: SolverConfig) -> list[SolveResult]:
     plans do not depend on the budget, and the last problem's are kept: asked again at
     another budget (an infeasible one's least-peak plans, :func:`least_known_peaks`), only
     the verdicts change (Llama-2-70B: 3.4 s each time)."""
-    global _LAST_HOSTED
     if problem.host_bandwidth <= 0 or problem.single_phase:
         return []
-    key = (problem.nodes, problem.host_bandwidth)
-    last = _LAST_HOSTED  # read once: another thread may replace it meanwhile
-    if last is None or last[0][0] is not key[0] or last[0][1] != key[1]:
-        free = problem.with_budget(None)
+
+    def offload(free: Problem) -> list[SolveResult]:
         every = unbudgeted_checkpointing(free, config)[:len(KNOWN_EVERY)]
-        last = _LAST_HOSTED = (key, [r for found in every for r in offloaded(free, found)])
-    t0 = time.perf_counter()
-    out = []
-    for r in last[1]:
-        assert r.plan is not None and r.report is not None  # without a budget every plan fits
-        out.append(judged(problem, r.plan, r.solver, t0, replace(r.report, budget=problem.budget)))
-    return out
+        return [r for found in every for r in offloaded(free, found)]
+
+    return rejudged(problem, _HOSTED.get(problem, offload))
 
 
 def grouped(problem: Problem, config: SolverConfig, deadline: Deadline) -> list[SolveResult]:

@@ -34,7 +34,7 @@ from solvers import (
     multilevel,
     planner,
 )
-from solvers.baselines import checkpoint_every, save_all
+from solvers.baselines import LastProblem, checkpoint_every, save_all
 from solvers.checker import transfer_stalls
 from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
@@ -555,7 +555,7 @@ def test_the_offloaded_checkpointing_plans_are_kept_and_judged_again_at_another_
     every = checkpoint_every(p).report
     assert every is not None
     config = SolverConfig(time_limit=10.0)
-    monkeypatch.setattr(planner, "_LAST_HOSTED", None)
+    monkeypatch.setattr(planner, "_HOSTED", LastProblem())
     twin = dataclasses.replace(p, nodes=tuple(list(p.nodes)))  # equal, but not the last problem
     tight_budget = min(r.report.peak for r in planner.hosted(twin, config) if r.report is not None) - 1
     fresh = planner.hosted(twin.with_budget(tight_budget), config)

@@ -26,7 +26,7 @@ from solvers import (
     multilevel,
     planner,
 )
-from solvers.baselines import checkpoint_every, save_all
+from solvers.baselines import LastProblem, checkpoint_every, save_all
 from solvers.deadline import VALUES_PER_SECOND, Deadline
 from solvers.floor import baseline
 from tests.graphs import layers
@@ -243,8 +243,8 @@ def test_a_solve_judges_the_checkpointing_plans_once(monkeypatch: pytest.MonkeyP
         return every(problem, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(planner, "checkpoint_every", counted)
-    for cache_name in ("_LAST_CHECKPOINTING", "_LAST_HOSTED"):
-        monkeypatch.setattr(planner, cache_name, None)
+    for cache_name in ("_CHECKPOINTING", "_HOSTED"):
+        monkeypatch.setattr(planner, cache_name, LastProblem())
     planner.forget_stated()
     config = SolverConfig(time_limit=LIMIT)
     with pytest.raises(InfeasibleBudgetError):
