@@ -163,9 +163,10 @@ def worker(config: str, shape: Shape, budget: int | None, cache: str, outputs: s
     solve = sum(r.partition_time for r in records)
     # blocks whose inputs a regional plan recomputes from an earlier one's
     recomputed = max((r.inputs_recomputed for r in records), default=0)
+    offloaded = max((r.inputs_offloaded for r in records), default=0)  # to host memory
     return {"config": config, "budget": budget, "first_step": first, "step": statistics.median(times),
             "peak": peak, "predicted": predicted, "loss": loss, "partition_time": solve,
-            "inputs_recomputed": recomputed,
+            "inputs_recomputed": recomputed, "inputs_offloaded": offloaded,
             # saving everything is checked, never searched for, so never cached
             "cached": all(r.cached or r.solver == "save_all" for r in records) if records else None}
 

@@ -133,8 +133,9 @@ class Backend:
         assert compiled is not None
         watched = self._watched(compiled, partitioner)
         if carry is not None and partitioner.record is not None:
-            # the blocks whose inputs its plan recomputes (rematc.regions.Carry)
-            return carry.recomputing(watched, partitioner.record.inputs_recomputed)
+            # the blocks whose inputs its plan recomputes or offloads (rematc.regions.Carry)
+            return carry.recomputing(watched, partitioner.record.inputs_recomputed,
+                                     partitioner.record.inputs_offloaded)
         return watched
 
     def _say_outside(self, options: Options) -> None:

@@ -168,6 +168,9 @@ class PartitionRecord:
     # last, whose inputs this plan recomputes (rematc.regions.Carry).
     carried: int = 0
     inputs_recomputed: int = 0
+    # The number of blocks, from the second on, whose inputs this plan copies to host
+    # memory as their forwards end and back when their backwards start (rematc.regions.Carry).
+    inputs_offloaded: int = 0
     # The forward's outputs the plan counts as freed when the forward returns
     # (Options.outputs="dropped"), as the check at the backward watches them.
     dropped: tuple[Dropped, ...] = ()
@@ -704,34 +707,51 @@ def _calls_key(problem: Problem, options: Options, calls: int, *, grads: int, re
                carrying: Carrying | None = None) -> str:
     """The plan cache's key of a plan for ``calls`` calls of the graph of ``problem``
     within its budget (:meth:`RematPartitioner.room_for_calls`)."""
-    recomputing = "" if carrying is None else f":carried={carrying.carried}x{carrying.most}"
+    recomputing = "" if carrying is None else f":carried={carrying.carried}x{carrying.most}@{carrying.link}"
     return plancache.derived(plancache.key(problem, options.solver, options.compiler),
                              f"calls={calls}:grads={grads}:reserve={reserve}{recomputing}")
 
 
 class Carrying(NamedTuple):
-    """A regional block's input, where its calls' plan may recompute it from an earlier
-    call's (:class:`rematc.regions.Carry`): the last calls' inputs are then freed when
-    their forwards end and computed again, one forward each, when the backward starts."""
+    """A regional block's input, where its calls' plan may move it off the device
+    (:class:`rematc.regions.Carry`): the last calls' inputs freed as their forwards end and
+    computed again, one forward each, when the backward starts; or, over a host link, the
+    first calls' inputs copied to host memory as their forwards end and back when their
+    backwards start."""
 
     carried: int  # bytes of one call's input: its graph's one output, the next call's input
-    most: int  # the most calls whose input may be recomputed: all but the first
+    most: int  # the most calls whose input may be moved: all but the first
     recompute: int  # bytes: one forward without autograd, at its peak
     time: float  # seconds: one forward
+    link: float = 0.0  # bytes/s each way to host memory; 0: none, nothing is offloaded
+
+    def moved_time(self, offloaded: int, recomputed: int) -> float:
+        """Seconds added by moving that many calls' inputs: each offloaded one copied out
+        and back over the link (not counted as overlapping anything), each recomputed
+        one a forward run again."""
+        copies = 2 * offloaded * self.carried / self.link if offloaded else 0.0
+        return copies + recomputed * self.time
 
 
-def fewest_recomputed(t: Tier, calls: int, room: int, *, grads: int, reserve: int,
-                      carrying: Carrying | None) -> int:
-    """The fewest calls whose inputs, recomputed, let ``calls`` calls of ``t`` fit
-    ``room`` bytes (:func:`solvers.mix.need`); ``carrying.most`` where none fit, 0 without
-    ``carrying``."""
+def inputs_moved(t: Tier, calls: int, room: int, *, grads: int, reserve: int,
+                 carrying: Carrying | None) -> tuple[int, int]:
+    """How many calls' inputs to offload and how many to recompute (in that order) so
+    that ``calls`` calls of ``t`` fit ``room`` bytes (:func:`solvers.mix.need`), at the
+    least time (:meth:`Carrying.moved_time`; then the fewest moved); ``(0,
+    carrying.most)`` where none fit, ``(0, 0)`` without ``carrying``. The recomputed ones
+    come from a kept input: with any recomputed, at most ``most - 1`` are moved."""
     if carrying is None:
-        return 0
-    for m in range(carrying.most + 1):
-        if calls_need([t], [calls], grads=grads, reserve=reserve, carried=carrying.carried, dropped=m,
-                      recompute=carrying.recompute) <= room:
-            return m
-    return carrying.most
+        return 0, 0
+    best: tuple[float, int, int, int] | None = None  # (time, moved, offloaded, recomputed)
+    for recomputed in range(carrying.most + 1):
+        top = 0 if not carrying.link else carrying.most - recomputed - (1 if recomputed else 0)
+        for offloaded in range(max(0, top) + 1):  # need falls as more are offloaded
+            if calls_need([t], [calls], grads=grads, reserve=reserve, carried=carrying.carried,
+                          dropped=recomputed, recompute=carrying.recompute, offloaded=offloaded) <= room:
+                key = (carrying.moved_time(offloaded, recomputed), offloaded + recomputed, offloaded, recomputed)
+                best = key if best is None else min(best, key)
+                break
+    return (0, carrying.most) if best is None else (best[2], best[3])
 
 
 class GraphBreakWarning(UserWarning):
@@ -898,9 +918,9 @@ class RematPartitioner(CustomPartitionerFn):
         The plan found, and the budget it was planned at, go to the plan cache where there
         is one, and are taken from it at the same room, calls and reserve.
 
-        With ``carrying``, the plans' calls are counted with the fewest of the last calls'
-        inputs recomputed that fits (:func:`fewest_recomputed`), and of the last resorts
-        that fit, the fastest counts those calls' forwards run again."""
+        With ``carrying``, the plans' calls are counted with the calls' inputs moved off
+        the device that fit at the least time (:func:`inputs_moved`), and of the last
+        resorts that fit, the fastest counts the time moving them adds."""
         room = problem.budget
         assert room is not None
 
@@ -908,14 +928,15 @@ class RematPartitioner(CustomPartitionerFn):
             # What the calls need: while this call's forward runs, each other one holds its
             # saved values; while its backward runs, each other one holds those (its
             # backward has not run) or its parameters' gradients (it has): the larger,
-            # conservatively. And the seconds per call the forwards run again to recompute
-            # the last calls' inputs.
+            # conservatively. And the seconds per call that moving calls' inputs off the
+            # device adds (copies to host and back, forwards run again).
             t = tier(problem, report)
-            m = fewest_recomputed(t, calls, room, grads=grads, reserve=reserve, carrying=carrying)
-            nbytes = calls_need([t], [calls], grads=grads, reserve=reserve,
-                                carried=carrying.carried if carrying else 0, dropped=m,
-                                recompute=carrying.recompute if carrying else 0)
-            return nbytes, (m * carrying.time / calls if carrying else 0.0)
+            if carrying is None:
+                return calls_need([t], [calls], grads=grads, reserve=reserve), 0.0
+            offloaded, recomputed = inputs_moved(t, calls, room, grads=grads, reserve=reserve, carrying=carrying)
+            nbytes = calls_need([t], [calls], grads=grads, reserve=reserve, carried=carrying.carried,
+                                dropped=recomputed, recompute=carrying.recompute, offloaded=offloaded)
+            return nbytes, carrying.moved_time(offloaded, recomputed) / calls
 
         def needed(report: Report) -> int:
             return counted(report)[0]
@@ -1080,7 +1101,7 @@ class RematPartitioner(CustomPartitionerFn):
         free = problem.with_budget(None)
         forward = check(free, recompute_every(free)).timeline[:problem.n_forward]
         return Carrying(carried=outputs[0].size, most=calls - 1, recompute=max(forward, default=0),
-                        time=sum(n.time for n in problem.nodes[:problem.n_forward]))
+                        time=sum(n.time for n in problem.nodes[:problem.n_forward]), link=problem.host_bandwidth)
 
     def uuid(self) -> str:
         # Our sources and every option that changes the plan: a cached graph is reused
@@ -1181,12 +1202,13 @@ class RematPartitioner(CustomPartitionerFn):
             raise AssertionError(f"plan peaks at {report.peak} B over budget {problem.budget} B")
         holds = holds_after_forward(problem, report)
         mix = self.mix
-        recomputed = 0
+        offloaded = recomputed = 0
         if recomputing is not None and room_left is not None:
-            recomputed = fewest_recomputed(tier(problem, report), calls, room_left, grads=grads, reserve=reserve,
-                                           carrying=recomputing)
-            log.info("rematc: the inputs of the last %d of %d blocks are recomputed from an earlier one's "
-                     "(%d B each)", recomputed, calls, recomputing.carried)
+            offloaded, recomputed = inputs_moved(tier(problem, report), calls, room_left, grads=grads,
+                                                 reserve=reserve, carrying=recomputing)
+            log.info("rematc: of %d blocks' inputs (%d B each), %d are offloaded to host memory (the "
+                     "2nd on) and the last %d recomputed from an earlier one's", calls, recomputing.carried,
+                     offloaded, recomputed)
         carried = recomputing.carried if recomputing is not None else 0
         dropped, self.dropped_names = freed_outputs(joint, num_fwd_outputs, captured, result.plan)
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
@@ -1214,7 +1236,7 @@ class RematPartitioner(CustomPartitionerFn):
             return (calls_need(list(mix.tiers), list(mix.counts), grads=mix.grads, reserve=later)
                     if mix is not None else
                     calls_need([tier(problem, report)], [calls], grads=grads, reserve=later, carried=carried,
-                               dropped=recomputed,
+                               dropped=recomputed, offloaded=offloaded,
                                recompute=recomputing.recompute if recomputing is not None else 0, freed=off))
 
         need, alone = calls_with(mix.reserve if mix is not None else reserve), calls_with(0)
@@ -1224,7 +1246,7 @@ class RematPartitioner(CustomPartitionerFn):
         if budget is not None and self.options.budget.nbytes is not None and not self.share.needs:  # type: ignore[union-attr]
             self.check_earlier_backwards(captured.problem, graph, keeps, budget, after + aside)
         backward = max(report.timeline[problem.n_forward:], default=0)
-        self.share.record(graph, holds * calls - recomputed * carried, captured.problem,  # every call's
+        self.share.record(graph, holds * calls - (recomputed + offloaded) * carried, captured.problem,  # every call's
                           backward_peak=held - min(held, freed_bytes) + backward + aside
                           + (calls - 1) * max(holds, grads),
                           lasting=keeps)
@@ -1254,6 +1276,7 @@ class RematPartitioner(CustomPartitionerFn):
             own_need=held + after + aside + alone,
             checkpointed=len(checkpointed), overrides=overrides, squeezed=self.squeeze, aside=aside,
             dropped=dropped, freed=freed, freed_bytes=freed_bytes, inputs_recomputed=recomputed,
+            inputs_offloaded=offloaded,
             carried=0 if carrying is None else carrying.carried,
         )
         _RECORDS.append(record)

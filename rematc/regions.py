@@ -24,6 +24,12 @@ input is then held through the backward as before; between the forwards and the 
 (the loss head) the last blocks' inputs are not. Blocks that draw random numbers are
 never planned so.
 
+Block inputs offloaded. Over a host link the plan may instead copy the inputs of blocks 1
+to ``offloaded`` to host memory as their forwards end (the copy waited for as the block's
+forward ends, so the input may go) and back when their backwards read them, the copy
+back of the block before's input started as a block's comes back. The recomputed inputs
+(the last blocks') come from a kept one, which no offloaded block follows.
+
 transformers' check for packed sequences runs eagerly in a regional step
 (:func:`packed_check_eager`): the model around the blocks then builds no explicit causal
 mask, as it builds none eagerly.
@@ -54,6 +60,7 @@ from rematc._torch_compat import (
     tree_leaves,
     tree_map,
 )
+from rematc.offload import OFFLOAD, RELOAD, WAIT
 from rematc.onmeta import flash_attention, losses_written_out, none_packed, packed_check_replaced
 from rematc.options import Options
 from rematc.partition import BudgetShare, Need, tier
@@ -159,6 +166,36 @@ class _Box:
         self.value: torch.Tensor | None = None
 
 
+class _Host(_Box):
+    """One offloaded block input: its device tensor until the copy to host is waited for
+    (the end of its block's forward), the host copy until it comes back, and the copy
+    back on its way (started by the backward of the block after) until it is waited for."""
+
+    __slots__ = ("back", "device", "host", "index", "source")
+
+    def __init__(self, index: int, source: torch.Tensor) -> None:
+        super().__init__()
+        self.index = index
+        self.source: torch.Tensor | None = source
+        self.device = source.device
+        self.host: torch.Tensor | None = None
+        self.back: torch.Tensor | None = None
+
+    def start_back(self) -> None:
+        """Start copying the input back to its device (once)."""
+        if self.value is None and self.back is None and self.host is not None:
+            self.back = RELOAD(self.host, self.device)
+
+    def returned(self) -> torch.Tensor:
+        """The input back on its device, waited for; the host copy let go."""
+        if self.value is None:
+            self.start_back()
+            assert self.back is not None and self.host is not None, "offloaded, then read back once"
+            self.value = WAIT(self.back, self.host)
+            self.back = self.host = None
+        return self.value
+
+
 class _StandIn:
     """What a block's graph saves in place of its input, or of a view of it: the box the
     input comes back in, and the view's size, stride and offset (None: the input itself)."""
@@ -179,12 +216,15 @@ class Carry:
     graph's call), so the input is freed when the forward ends, and the
     first time the backward reads a stand-in, the blocks from the last kept input on run
     forward again (their own ``forward``, eagerly, without autograd, in the autocast
-    state of their first run) and every stand-in gets its input back."""
+    state of their first run) and every stand-in gets its input back. A plan may also
+    offload the inputs of blocks 1 to ``offloaded``: their stand-ins hold host copies, and
+    each comes back when its block's backward first reads it (module docstring)."""
 
     blocks: int
     forwards: dict[int, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     eager: dict[int, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     recomputed: int = 0
+    offloaded: int = 0
     # This step's: each block's output's storage (to check the chain), the last kept
     # block input, the calls to run again (arguments without the input), the boxes of the
     # recomputed inputs, and weak references to the inputs freed.
@@ -194,22 +234,27 @@ class Carry:
         default_factory=dict)
     boxes: dict[int, _Box] = dataclasses.field(default_factory=dict)
     freed: dict[int, tuple[StorageWeakRef, int]] = dataclasses.field(default_factory=dict)
+    # This step's offloaded inputs, by block.
+    hosts: dict[int, _Host] = dataclasses.field(default_factory=dict)
 
     @property
     def first(self) -> int:
         """The first block whose input is recomputed (``blocks`` where none is)."""
         return self.blocks - self.recomputed
 
-    def recomputing(self, compiled: Callable[..., Any], recomputed: int) -> Callable[..., Any]:
+    def recomputing(self, compiled: Callable[..., Any], recomputed: int, offloaded: int = 0) -> Callable[..., Any]:
         """``compiled`` (a block's graph, whose plan recomputes the inputs of the last
-        ``recomputed`` blocks) as each block calls it: it sets how many are recomputed
-        (each graph its own: a block recompiled for new shapes may have another plan),
-        and where this block's input is one of them, saves a stand-in for it."""
+        ``recomputed`` blocks and offloads those of blocks 1 to ``offloaded``) as each
+        block calls it: it sets how many are moved (each graph its own: a block
+        recompiled for new shapes may have another plan), and where this block's input is
+        one of them, saves a stand-in for it."""
+        assert not (recomputed and offloaded) or offloaded < self.blocks - recomputed - 1, \
+            "the recomputed come from a kept input"
 
         @functools.wraps(compiled)  # the calling convention Dynamo reads
         def call(*args: Any) -> Any:
             index = block_index()
-            self.recomputed = recomputed
+            self.recomputed, self.offloaded = recomputed, offloaded
             hooks = None if index is None else self._hooks(index, args)
             if hooks is None:
                 return compiled(*args)
@@ -221,11 +266,14 @@ class Carry:
 
         return call
 
+    def _offloads(self, index: int) -> bool:
+        return 1 <= index <= self.offloaded
+
     def _hooks(self, index: int, args: tuple[Any, ...]) -> tuple[Any, Any] | None:
-        """Where block ``index``'s input is recomputed, the saved-tensor hooks (pack,
-        unpack) that save a stand-in for it (found among ``args``, the graph's inputs, as
-        the block before's output); None otherwise."""
-        if not self.recomputed or index < self.first:
+        """Where block ``index``'s input is recomputed or offloaded, the saved-tensor hooks
+        (pack, unpack) that save a stand-in for it (found among ``args``, the graph's
+        inputs, as the block before's output); None otherwise."""
+        if not self._offloads(index) and (not self.recomputed or index < self.first):
             return None
         before = self.outputs.get(index - 1)
         x = next((t for t in tree_leaves(args) if isinstance(t, torch.Tensor)
@@ -239,7 +287,11 @@ class Carry:
             raise CarriedInputError(
                 f"rematc: block {index}'s input is a view of a larger storage, which the plan cannot "
                 f"free and recompute; compile with a larger budget, or the model whole (regions=False)")
-        box = self.boxes.setdefault(index, _Box())
+        box: _Box
+        if self._offloads(index):
+            box = self.hosts.setdefault(index, _Host(index, x))
+        else:
+            box = self.boxes.setdefault(index, _Box())
         self.freed[index] = (StorageWeakRef(x.untyped_storage()), x.nbytes)
         # The hooks outlive the forward (autograd keeps the pack hook with what it saved):
         # they know the input by its storage, not by a reference that would keep it alive.
@@ -255,7 +307,14 @@ class Carry:
             self.calls.clear()
             self.boxes.clear()
             self.freed.clear()
+            self.hosts.clear()
             self.anchor = None
+        host = self.hosts.get(index)
+        if host is not None and host.source is not None:
+            # The copy out is waited for as the block's forward ends: then its input may go.
+            if host.host is not None:
+                host.host = WAIT(host.host, host.source)
+            host.source = None
         spot, x = _carried(args, kwargs)
         if self.recomputed and index >= self.first and (
                 x is None or storage_key(x.untyped_storage()) != self.outputs.get(index - 1)):
@@ -277,29 +336,50 @@ class Carry:
             return t
         view = None if (tuple(t.shape) == shape and tuple(t.stride()) == stride and t.storage_offset() == 0) else (
             tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        if isinstance(box, _Host) and box.host is None and box.source is not None:
+            box.host = OFFLOAD(box.source)  # the whole input: a view's stride reads into it
         return _StandIn(box, view)
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _StandIn):
             return saved
-        if saved.box.value is None:
-            self._recompute()
-        value = saved.box.value
-        assert value is not None, "every recomputed input is given back at once"
+        box = saved.box
+        if isinstance(box, _Host):
+            if box.value is None:
+                self._none_held(box.index, "offloads to host memory")
+                box.returned()
+                self.hosts.pop(box.index, None)  # held on by its stand-ins alone
+                before = self.hosts.get(box.index - 1)
+                if before is not None:  # its backward runs next: its input on its way back
+                    before.start_back()
+            value = box.returned()
+        else:
+            if box.value is None:
+                self._recompute()
+            back = box.value
+            assert back is not None, "every recomputed input is given back at once"
+            value = back
         return value if saved.view is None else value.as_strided(*saved.view)
+
+    def _none_held(self, index: int, how: str) -> None:
+        """Raise :class:`CarriedInputError` where an input the plan counts as freed, of
+        block ``index`` and every later one, is still held."""
+        def held() -> list[tuple[int, int]]:
+            return [(i, nbytes) for i, (ref, nbytes) in sorted(self.freed.items())
+                    if i >= index and not ref.expired()]
+        if held():
+            gc.collect()
+        still = held()
+        if still:
+            raise CarriedInputError(
+                f"rematc: the plan {how} the inputs of blocks {sorted(self.freed)[0]}-{max(self.freed)} to fit "
+                f"the budget, but {len(still)} of them ({sum(n for _, n in still)} B, block {still[0][0]} the "
+                f"first) are still held when the backward starts: something else keeps them (a forward hook, "
+                f"a list of the hidden states); compile with a larger budget")
 
     def _recompute(self) -> None:
         """Run the blocks from the last kept input on again and fill every box."""
-        held = [(i, nbytes) for i, (ref, nbytes) in self.freed.items() if not ref.expired()]
-        if held:
-            gc.collect()
-            held = [(i, nbytes) for i, (ref, nbytes) in self.freed.items() if not ref.expired()]
-        if held:
-            raise CarriedInputError(
-                f"rematc: the plan recomputes the inputs of blocks {self.first}-{self.blocks - 1} to fit the "
-                f"budget, but {len(held)} of them ({sum(n for _, n in held)} B, block {held[0][0]} the first) "
-                f"are still held when the backward starts: something else keeps them (a forward hook, "
-                f"a list of the hidden states); compile with a larger budget")
+        self._none_held(0, "recomputes" if not self.hosts else "recomputes or offloads")
         if self.anchor is None:
             raise CarriedInputError("rematc: a block input to recompute from was not kept: the step ran "
                                     "its blocks out of order")

@@ -49,7 +49,8 @@ class Mix:
 
 
 def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserve: int = 0,
-         carried: int = 0, dropped: int = 0, recompute: int = 0, freed: int = 0) -> int:
+         carried: int = 0, dropped: int = 0, recompute: int = 0, freed: int = 0,
+         offloaded: int = 0) -> int:
     """Bytes the step needs for ``counts[i]`` calls of ``tiers[i]``: the largest of each
     call's forward peak beside what every other call holds, each call's backward peak
     beside the larger of every other call's saved values and its parameters' gradients
@@ -62,19 +63,36 @@ def need(tiers: Sequence[Tier], counts: Sequence[int], *, grads: int = 0, reserv
     through every backward, and their recomputation, one forward at a time peaking at
     ``recompute`` bytes, runs beside what every call holds.
 
+    ``offloaded`` calls' inputs (``carried`` bytes each; the second to the
+    ``offloaded + 1``-th call's, none of them the input the recomputed ones come from) are
+    copied to host memory as those calls' forwards end and copied back when their
+    backwards start (:mod:`rematc.regions`, "Block inputs offloaded"): off what all calls
+    hold beside ``reserve`` and beside the recomputation, and, but for the one being
+    copied, beside each forward where every call holds at least its input; counted
+    through every backward (one comes back while another's backward runs).
+
     ``freed``: bytes counted in each call's peaks that are gone by the time the backwards
     run (the earlier graphs' outputs a loss graph's caller dropped, ``outputs="dropped"``):
     off each backward's peak."""
-    assert 0 <= dropped < max(1, sum(counts)), "at least the first call's input stays"
+    calls = sum(counts)
+    assert dropped >= 0 and offloaded >= 0
+    assert dropped + offloaded < max(1, calls), "at least the first call's input stays"
+    assert not (dropped and offloaded) or dropped + offloaded < calls - 1, \
+        "the input the recomputed ones come from stays"
     full = sum(c * t.holds for t, c in zip(tiers, counts, strict=True))
-    held = full - dropped * carried
+    held = full - (dropped + offloaded) * carried
     after = sum(c * max(t.holds, grads) for t, c in zip(tiers, counts, strict=True))
     worst = held + reserve
     if dropped:
-        worst = max(worst, full + recompute)
+        worst = max(worst, full - offloaded * carried + recompute)
+    # Beside a forward, the inputs offloaded before it are gone: at most all but the one
+    # being copied, and as many as the calls after it hold where each holds an input.
+    each_holds_one = all(t.holds >= carried for t, c in zip(tiers, counts, strict=True) if c > 0)
+    copied = max(0, offloaded - 1) * carried if each_holds_one else 0
     for t, c in zip(tiers, counts, strict=True):
         if c > 0:
-            worst = max(worst, t.forward + full - t.holds, t.backward - freed + after - max(t.holds, grads))
+            worst = max(worst, t.forward + full - t.holds - copied,
+                        t.backward - freed + after - max(t.holds, grads))
     return worst
 
 

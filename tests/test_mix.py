@@ -59,17 +59,21 @@ def test_one_plan_needs_its_peak_beside_the_other_calls() -> None:
 
 
 def simulated_with_inputs_recomputed(order: list[Tier], grads: int, *, carried: int, dropped: int,
-                                     recompute: int, reserve: int) -> int:
+                                     recompute: int, reserve: int, offloaded: int = 0) -> int:
     """As :func:`simulated_peak`, where each call's ``holds`` counts its output (the next
-    call's input, ``carried`` bytes) and the last ``dropped`` calls' inputs are freed once
-    those calls' forwards end: what all calls hold beside ``reserve`` (the later graphs),
-    then the inputs recomputed one forward at a time (each peaking at ``recompute``
-    beside them), then the backwards."""
+    call's input, ``carried`` bytes), the last ``dropped`` calls' inputs are freed once
+    those calls' forwards end, and the inputs of the second to the ``offloaded + 1``-th
+    call are copied out as those calls' forwards end: what all calls hold beside
+    ``reserve`` (the later graphs), then the recomputed inputs one forward at a time (each
+    peaking at ``recompute`` beside them), then the backwards, each with its own input
+    copied back and the call before's on its way (rematc.regions.Carry)."""
     n = len(order)
     freed = set(range(n - 1 - dropped, n - 1))  # the calls whose outputs are recomputed
+    copied = set(range(offloaded))  # the calls whose outputs are offloaded
+    assert not freed & copied and (not freed or n - 2 - dropped not in copied)
 
     def held(calls: range, *, after: int) -> int:  # after: forwards that have ended
-        return sum(order[k].holds - (carried if k in freed and k + 1 < after else 0) for k in calls)
+        return sum(order[k].holds - (carried if k in freed | copied and k + 1 < after else 0) for k in calls)
 
     peak = 0
     for i, tier in enumerate(order):
@@ -78,7 +82,8 @@ def simulated_with_inputs_recomputed(order: list[Tier], grads: int, *, carried: 
     for k in sorted(freed):  # the inputs come back in order, each beside the forward making it
         peak = max(peak, held(range(n), after=n) + carried * sum(1 for j in freed if j < k) + recompute)
     for i in reversed(range(n)):
-        peak = max(peak, sum(t.holds for t in order[:i]) + order[i].backward + grads * (n - 1 - i))
+        away = carried * sum(1 for k in copied if k < i - 2)  # not yet on their way back
+        peak = max(peak, sum(t.holds for t in order[:i]) - away + order[i].backward + grads * (n - 1 - i))
     return peak
 
 
@@ -98,6 +103,38 @@ def test_the_need_with_inputs_recomputed_bounds_the_step(seed: int) -> None:
     for order in set(itertools.permutations(range(len(calls)))):
         assert simulated_with_inputs_recomputed([calls[i] for i in order], grads, carried=carried,
                                                 dropped=dropped, recompute=recompute, reserve=reserve) <= bound
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_need_with_inputs_offloaded_and_recomputed_bounds_the_step(seed: int) -> None:
+    rng = random.Random(seed)
+    carried = rng.randrange(1, 200)
+    tiers = [dataclasses.replace(t, holds=t.holds + carried, forward=t.forward + carried,
+                                 backward=t.backward + carried) for t in (random_tier(rng) for _ in range(2))]
+    counts = [1 + rng.randrange(0, 3), rng.randrange(0, 4)]
+    calls = [t for t, c in zip(tiers, counts, strict=True) for _ in range(c)]
+    offloaded = rng.randrange(0, len(calls))
+    left = len(calls) - 2 - offloaded  # the recomputed ones come from a kept input
+    dropped = rng.randrange(0, left + 1) if left > 0 else 0
+    recompute = rng.randrange(0, 1500)
+    grads, reserve = rng.randrange(0, 600), rng.randrange(0, 3000)
+    bound = need(tiers, counts, grads=grads, reserve=reserve, carried=carried, dropped=dropped,
+                 recompute=recompute, offloaded=offloaded)
+    for order in set(itertools.permutations(range(len(calls)))):
+        assert simulated_with_inputs_recomputed([calls[i] for i in order], grads, carried=carried,
+                                                dropped=dropped, recompute=recompute, reserve=reserve,
+                                                offloaded=offloaded) <= bound
+
+
+def test_inputs_offloaded_come_off_beside_the_later_graphs_and_the_forwards() -> None:
+    tier = Tier(holds=100, forward=150, backward=300, time=1.0)
+    assert need([tier], [4], reserve=5000, carried=60, offloaded=3) == 4 * 100 - 3 * 60 + 5000
+    # the last forward runs beside three calls' holds, two of their inputs copied out
+    assert need([tier], [4], carried=60, offloaded=3) == max(150 + 300 - 2 * 60, 300 + 300, 400 - 3 * 60)
+    # beside the recomputation the offloaded inputs stay out
+    assert need([tier], [6], carried=60, offloaded=2, dropped=2, recompute=900) == 6 * 100 - 2 * 60 + 900
+    with pytest.raises(AssertionError):  # the recomputed ones come from a kept input
+        need([tier], [4], carried=60, offloaded=1, dropped=2)
 
 
 def test_inputs_recomputed_come_off_what_the_calls_hold_beside_the_later_graphs() -> None:

@@ -484,3 +484,94 @@ def test_each_compiled_graph_of_the_block_recomputes_as_its_own_plan_says() -> N
     assert len(recomputed) == 2 and recomputed[0] < recomputed[1], recomputed
     model.zero_grad(set_to_none=True)
     assert profiler_peak(lambda: heavy_step(compiled)) <= budget + HEAVY_OUTSIDE
+
+
+# Copies to host this fast cost next to nothing: offloading a block's input is cheaper
+# than running a block's forward again (on the CPU a "host copy" is a copy in the same
+# memory, rematc.offload).
+FAST_LINK = 1e13
+
+
+def _moved_as(monkeypatch: pytest.MonkeyPatch, offloaded: int, recomputed: int) -> None:
+    """Make a regional block's plan offload the inputs of blocks 1 to ``offloaded`` and
+    recompute the last ``recomputed`` blocks' wherever it may move inputs at all."""
+    monkeypatch.setattr(rematc.partition, "inputs_moved", lambda *_, carrying, **__: (
+        (0, 0) if carrying is None else (offloaded, recomputed)))
+
+
+def test_block_inputs_kept_offloaded_and_recomputed_give_eagers_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of the heavy step's 8 blocks, the plan offloads the inputs of blocks 1 and 2, keeps
+    those of blocks 0, 3 and 4 (the one the recomputed come from), and recomputes those of
+    blocks 5 to 7: two steps give eager's loss and gradients, each copies two inputs out
+    and recomputes once, and the measured peak is within the budget but for the host
+    copies, which on the CPU are in the same memory."""
+    budget = 17_600_000  # above what that plan needs, below what any plan holding every input needs
+    _moved_as(monkeypatch, 2, 3)
+    copies: list[int] = []
+    offload = rematc.regions.OFFLOAD
+    monkeypatch.setattr(rematc.regions, "OFFLOAD", lambda t: copies.append(t.nbytes) or offload(t))
+    recomputes: list[int] = []
+    recompute = rematc.regions.Carry._recompute
+    monkeypatch.setattr(rematc.regions.Carry, "_recompute", lambda self: recomputes.append(1) or recompute(self))
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference, model = heavy_llama(), heavy_llama()
+    compiled = rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped", host_bandwidth=FAST_LINK)
+    for _ in range(2):
+        reference.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        assert heavy_step(compiled).item() == heavy_step(reference).item()
+        for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, want.grad, msg=name)
+    assert copies == [HEAVY_INPUT] * 4 and len(recomputes) == 2
+    [block] = [r for r in rematc.records() if r.calls == HEAVY_LAYERS]
+    assert (block.inputs_offloaded, block.inputs_recomputed) == (2, 3)
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: heavy_step(compiled))
+    assert peak <= budget + HEAVY_OUTSIDE + 2 * HEAVY_INPUT, (peak, budget)
+
+
+def test_over_a_host_link_block_inputs_are_offloaded_rather_than_recomputed() -> None:
+    """With a fast host link, the heavy step's smallest budget is reached by copying block
+    inputs to host memory, not by running blocks again; used, it gives eager's loss and
+    gradients within itself but for the host copies."""
+    stated_without = _heavy_budget()
+    torch._dynamo.reset()
+    rematc.regions.forget_surveys()
+    compiled = rematc.compile(heavy_llama(), budget=5_000_000, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped", host_bandwidth=FAST_LINK)
+    with pytest.raises(Exception, match="smallest feasible budget is") as info:
+        heavy_step(compiled)
+    stated = int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
+    assert stated <= stated_without
+    torch._dynamo.reset()
+    rematc.clear_records()
+    reference, model = heavy_llama(), heavy_llama()
+    compiled = rematc.compile(model, budget=stated, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped", host_bandwidth=FAST_LINK)
+    assert heavy_step(compiled).item() == heavy_step(reference).item()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    [block] = [r for r in rematc.records() if r.calls == HEAVY_LAYERS]
+    assert block.inputs_offloaded > 0 and block.inputs_recomputed == 0
+    model.zero_grad(set_to_none=True)
+    peak = profiler_peak(lambda: heavy_step(compiled))
+    assert peak <= stated + HEAVY_OUTSIDE + block.inputs_offloaded * HEAVY_INPUT, (peak, stated)
+
+
+def test_offloaded_inputs_something_else_keeps_stop_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forward hook that keeps every block's input holds the bytes the plan counted as
+    copied out: the backward stops with the error."""
+    _moved_as(monkeypatch, 7, 0)
+    torch._dynamo.reset()
+    model = heavy_llama()
+    kept: list[Any] = []
+    for block in model.model.layers:  # type: ignore[union-attr]
+        block.register_forward_pre_hook(lambda _, args, kwargs: kept.append(kwargs.get("hidden_states", args)),
+                                        with_kwargs=True)
+    compiled = rematc.compile(model, budget=17_600_000, compiler="eager", cache_dir=None, regions=True,
+                              outputs="dropped", host_bandwidth=FAST_LINK)
+    with pytest.raises(rematc.CarriedInputError, match=r"offloads to host memory the inputs of blocks 1-7 .* still held"):
+        heavy_step(compiled)
