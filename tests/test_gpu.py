@@ -194,3 +194,45 @@ def test_a_broadcast_attention_mask_is_saved_not_copied_on_cuda() -> None:
     # kernels' own workspaces are outside the walk: 1.13 MiB above it, seen on this
     # model on an H200 with everything saved; a copy of the mask is 32 MiB
     assert peak <= record.predicted_peak * SLACK + 2 * 2**20 < record.predicted_peak + copy
+
+
+def test_offloaded_block_inputs_leave_the_device_in_a_regional_step() -> None:
+    """The 8-block Llama of tests/test_regions.py on CUDA, regionally, eager route, over a
+    fast host link: the smallest budget stated is reached by copying block inputs to host
+    memory (pinned, on a transfer stream), and used, the step's CUDA peak stays within it
+    (the host copies are off the device here), with eager's loss and gradients."""
+    pytest.importorskip("transformers")
+    import re
+
+    from tests.test_regions import FAST_LINK, HEAVY_IDS, HEAVY_LAYERS, HEAVY_OUTSIDE, heavy_llama
+
+    ids = HEAVY_IDS.cuda()
+
+    def regional(budget: int) -> tuple[torch.nn.Module, object]:
+        torch._dynamo.reset()
+        model = heavy_llama().cuda()
+        return model, rematc.compile(model, budget=budget, compiler="eager", cache_dir=None, regions=True,
+                                     outputs="dropped", host_bandwidth=FAST_LINK)
+
+    def step(model: object) -> torch.Tensor:
+        loss: torch.Tensor = model(input_ids=ids, labels=ids).loss  # type: ignore[operator]
+        loss.backward()
+        return loss
+
+    _, compiled = regional(5_000_000)
+    with pytest.raises(Exception, match="smallest feasible budget is") as info:
+        step(compiled)
+    stated = int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
+    rematc.clear_records()
+    reference = heavy_llama().cuda()
+    model, compiled = regional(stated)
+    assert step(compiled).item() == pytest.approx(step(reference).item(), rel=1e-5)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-5, msg=name)
+    [block] = [r for r in rematc.records() if r.calls == HEAVY_LAYERS]
+    model.zero_grad(set_to_none=True)
+    peak = cuda_peak(lambda: step(compiled))
+    print(f"stated {stated} B, offloaded {block.inputs_offloaded}, recomputed {block.inputs_recomputed}, "
+          f"measured {peak} B")
+    assert block.inputs_offloaded > 0
+    assert peak <= (stated + HEAVY_OUTSIDE) * SLACK, (peak, stated)
