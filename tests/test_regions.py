@@ -536,7 +536,8 @@ def test_block_inputs_kept_offloaded_and_recomputed_give_eagers_gradients(
 def test_over_a_host_link_block_inputs_are_offloaded_rather_than_recomputed() -> None:
     """With a fast host link, the heavy step's smallest budget is reached by copying block
     inputs to host memory, not by running blocks again; used, it gives eager's loss and
-    gradients within itself but for the host copies."""
+    gradients within itself but for the host copies. A step that keeps the inputs anyway
+    stops with the error."""
     stated_without = _heavy_budget()
     torch._dynamo.reset()
     rematc.regions.forget_surveys()
@@ -555,23 +556,15 @@ def test_over_a_host_link_block_inputs_are_offloaded_rather_than_recomputed() ->
     for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.grad, want.grad, msg=name)
     [block] = [r for r in rematc.records() if r.calls == HEAVY_LAYERS]
-    assert block.inputs_offloaded > 0 and block.inputs_recomputed == 0
+    assert (block.inputs_offloaded, block.inputs_recomputed) == (HEAVY_LAYERS - 1, 0)
     model.zero_grad(set_to_none=True)
     peak = profiler_peak(lambda: heavy_step(compiled))
     assert peak <= stated + HEAVY_OUTSIDE + block.inputs_offloaded * HEAVY_INPUT, (peak, stated)
-
-
-def test_offloaded_inputs_something_else_keeps_stop_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A forward hook that keeps every block's input holds the bytes the plan counted as
-    copied out: the backward stops with the error."""
-    _moved_as(monkeypatch, 7, 0)
-    torch._dynamo.reset()
-    model = heavy_llama()
+    # A forward hook that keeps every block's input holds the bytes the plan counted as
+    # copied out: the backward stops with the error.
     kept: list[Any] = []
-    for block in model.model.layers:  # type: ignore[union-attr]
-        block.register_forward_pre_hook(lambda _, args, kwargs: kept.append(kwargs.get("hidden_states", args)),
+    for layer in model.model.layers:  # type: ignore[union-attr]
+        layer.register_forward_pre_hook(lambda _, args, kwargs: kept.append(kwargs.get("hidden_states", args)),
                                         with_kwargs=True)
-    compiled = rematc.compile(model, budget=17_600_000, compiler="eager", cache_dir=None, regions=True,
-                              outputs="dropped", host_bandwidth=FAST_LINK)
     with pytest.raises(rematc.CarriedInputError, match=r"offloads to host memory the inputs of blocks 1-7 .* still held"):
         heavy_step(compiled)
