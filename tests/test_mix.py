@@ -87,34 +87,18 @@ def simulated_with_inputs_recomputed(order: list[Tier], grads: int, *, carried: 
     return peak
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_the_need_with_inputs_recomputed_bounds_the_step(seed: int) -> None:
-    rng = random.Random(seed)
-    carried = rng.randrange(1, 200)
-    tiers = [dataclasses.replace(t, holds=t.holds + carried, forward=t.forward + carried,
-                                 backward=t.backward + carried) for t in (random_tier(rng) for _ in range(2))]
-    counts = [1 + rng.randrange(0, 3), rng.randrange(0, 3)]
-    calls = [t for t, c in zip(tiers, counts, strict=True) for _ in range(c)]
-    dropped = rng.randrange(0, len(calls))
-    recompute = rng.randrange(0, 1500)
-    grads, reserve = rng.randrange(0, 600), rng.randrange(0, 3000)
-    bound = need(tiers, counts, grads=grads, reserve=reserve, carried=carried, dropped=dropped,
-                 recompute=recompute)
-    for order in set(itertools.permutations(range(len(calls)))):
-        assert simulated_with_inputs_recomputed([calls[i] for i in order], grads, carried=carried,
-                                                dropped=dropped, recompute=recompute, reserve=reserve) <= bound
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_the_need_with_inputs_offloaded_and_recomputed_bounds_the_step(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(40))
+def test_the_need_with_inputs_recomputed_or_offloaded_bounds_the_step(seed: int) -> None:
+    """Even seeds recompute inputs only (up to all but the first's); odd ones offload some
+    and may recompute some of the rest (from a kept input)."""
     rng = random.Random(seed)
     carried = rng.randrange(1, 200)
     tiers = [dataclasses.replace(t, holds=t.holds + carried, forward=t.forward + carried,
                                  backward=t.backward + carried) for t in (random_tier(rng) for _ in range(2))]
     counts = [1 + rng.randrange(0, 3), rng.randrange(0, 4)]
     calls = [t for t, c in zip(tiers, counts, strict=True) for _ in range(c)]
-    offloaded = rng.randrange(0, len(calls))
-    left = len(calls) - 2 - offloaded  # the recomputed ones come from a kept input
+    offloaded = rng.randrange(0, len(calls)) if seed % 2 else 0
+    left = len(calls) - 1 if not offloaded else len(calls) - 2 - offloaded
     dropped = rng.randrange(0, left + 1) if left > 0 else 0
     recompute = rng.randrange(0, 1500)
     grads, reserve = rng.randrange(0, 600), rng.randrange(0, 3000)
