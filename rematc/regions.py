@@ -345,14 +345,15 @@ class Carry:
             return saved
         box = saved.box
         if isinstance(box, _Host):
-            if box.value is None:
+            first = box.value is None
+            if first:
                 self._none_held(box.index, "offloads to host memory")
-                box.returned()
+            value = box.returned()
+            if first:
                 self.hosts.pop(box.index, None)  # held on by its stand-ins alone
                 before = self.hosts.get(box.index - 1)
                 if before is not None:  # its backward runs next: its input on its way back
                     before.start_back()
-            value = box.returned()
         else:
             if box.value is None:
                 self._recompute()

@@ -397,12 +397,12 @@ def heavy_step(model: nn.Module) -> torch.Tensor:
     return loss
 
 
-def _heavy_stated(budget: int) -> int:
-    """The smallest budget a regional compile of the heavy step at ``budget`` states
-    (:func:`_heavy_budget` for the tests' one, found once per process)."""
+def _heavy_stated(budget: int, **options: Any) -> int:
+    """The smallest budget a regional compile of the heavy step at ``budget`` (and
+    ``options``) states (:func:`_heavy_budget` for the tests' one, found once per process)."""
     torch._dynamo.reset()
     compiled = rematc.compile(heavy_llama(), budget=budget, compiler="eager", cache_dir=None, regions=True,
-                              outputs="dropped")
+                              outputs="dropped", **options)
     with pytest.raises(Exception, match="smallest feasible budget is") as info:
         heavy_step(compiled)
     return int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
@@ -539,13 +539,8 @@ def test_over_a_host_link_block_inputs_are_offloaded_rather_than_recomputed() ->
     gradients within itself but for the host copies. A step that keeps the inputs anyway
     stops with the error."""
     stated_without = _heavy_budget()
-    torch._dynamo.reset()
     rematc.regions.forget_surveys()
-    compiled = rematc.compile(heavy_llama(), budget=5_000_000, compiler="eager", cache_dir=None, regions=True,
-                              outputs="dropped", host_bandwidth=FAST_LINK)
-    with pytest.raises(Exception, match="smallest feasible budget is") as info:
-        heavy_step(compiled)
-    stated = int(re.search(r"smallest feasible budget is (\d+) bytes", str(info.value)).group(1))  # type: ignore[union-attr]
+    stated = _heavy_stated(5_000_000, host_bandwidth=FAST_LINK)
     assert stated <= stated_without
     torch._dynamo.reset()
     rematc.clear_records()
