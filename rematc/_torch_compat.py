@@ -116,6 +116,7 @@ __all__ = [
     "raise_getitems",
     "reordering_to_mimic_autograd_engine",
     "sizes_at",
+    "skip_frame_only",
     "storage_key",
     "tree_leaves",
     "tree_map",
@@ -137,6 +138,19 @@ _optimization_hint = getattr(_symbolic_shapes, "optimization_hint", _optimizatio
 # Shape environments read at other sizes (:func:`sizes_at`): id -> each expression's value
 # there, as a graph repeats the same few size expressions in every layer.
 _RESIZED: dict[int, dict[tuple[Any, int | None], int]] = {}
+
+
+def skip_frame_only(code: Any) -> None:
+    """Have Dynamo run every frame of ``code`` as it is, without asking its callback, and
+    still compile the frames it calls: what ``torch.compiler.disable(fn, recursive=False)``
+    means, which asks the callback again on each call of ``fn`` (a few hundred
+    microseconds a call on a CPU). Where this torch cannot say so per code object, nothing
+    changes: the callback goes on skipping the frame, call by call."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - a torch without code exec strategies
+        return
+    skip_code(code)
 
 
 def storage_key(storage: Any) -> int:

@@ -56,6 +56,7 @@ from rematc._torch_compat import (
     StorageWeakRef,
     pop_saved_tensors_hooks,
     push_saved_tensors_hooks,
+    skip_frame_only,
     storage_key,
     tree_leaves,
     tree_map,
@@ -147,7 +148,9 @@ def _marked(forward: Callable[..., Any], index: int, carry: Carry) -> Callable[.
             _BLOCK.reset(token)
 
     # Not traced by the model's compile, but what it calls is: the block's own forward,
-    # compiled by the same backend as a graph of its own.
+    # compiled by the same backend as a graph of its own. Dynamo is told once, for the
+    # code of every block's ``region``, to run it untraced, rather than asked per call.
+    skip_frame_only(region.__code__)  # type: ignore[attr-defined]  # functools.wraps hides it from mypy
     return torch.compiler.disable(region, recursive=False)
 
 
