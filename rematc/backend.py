@@ -129,12 +129,12 @@ class Backend:
                 self.share.outside[key] = returned_bytes(gm) * (calls or 1)
         if partitioner.mix is not None:
             mixed = self._mixed(gm, example_inputs, partitioner, compiled)
-            return mixed if carry is None else carry.recomputing(mixed, 0)
+            return mixed if carry is None else carry.moving(mixed, 0)
         assert compiled is not None
         watched = self._watched(compiled, partitioner)
         if carry is not None and partitioner.record is not None:
             # the blocks whose inputs its plan recomputes or offloads (rematc.regions.Carry)
-            return carry.recomputing(watched, partitioner.record.inputs_recomputed,
+            return carry.moving(watched, partitioner.record.inputs_recomputed,
                                      partitioner.record.inputs_offloaded)
         return watched
 

@@ -707,9 +707,9 @@ def _calls_key(problem: Problem, options: Options, calls: int, *, grads: int, re
                carrying: Carrying | None = None) -> str:
     """The plan cache's key of a plan for ``calls`` calls of the graph of ``problem``
     within its budget (:meth:`RematPartitioner.room_for_calls`)."""
-    recomputing = "" if carrying is None else f":carried={carrying.carried}x{carrying.most}@{carrying.link}"
+    moving = "" if carrying is None else f":carried={carrying.carried}x{carrying.most}@{carrying.link}"
     return plancache.derived(plancache.key(problem, options.solver, options.compiler),
-                             f"calls={calls}:grads={grads}:reserve={reserve}{recomputing}")
+                             f"calls={calls}:grads={grads}:reserve={reserve}{moving}")
 
 
 class Carrying(NamedTuple):
@@ -1148,7 +1148,7 @@ class RematPartitioner(CustomPartitionerFn):
         problem = captured.problem.with_budget(None if budget is None else max(0, budget - held - aside))
         after = reserve = 0
         carrying = self.carrying(joint, captured.problem, calls)
-        recomputing: Carrying | None = None
+        moving: Carrying | None = None
         room_left: int | None = None
         with naming(graph_name(graph)):  # for the status line of a long plan
             try:
@@ -1186,8 +1186,8 @@ class RematPartitioner(CustomPartitionerFn):
                             # last ones' (rematc.regions.Carry).
                             planned, problem = self.room_for_calls(room, calls, known=own, reserve=reserve,
                                                                    grads=grads, carrying=carrying)
-                            recomputing = carrying
-                        if self.mixes and calls > 1 and planned.result.plan is not None and recomputing is None:
+                            moving = carrying
+                        if self.mixes and calls > 1 and planned.result.plan is not None and moving is None:
                             self.mix = self.mixed(room, calls, planned, reserve=reserve,
                                                   grads=grads)
                     else:
@@ -1203,13 +1203,13 @@ class RematPartitioner(CustomPartitionerFn):
         holds = holds_after_forward(problem, report)
         mix = self.mix
         offloaded = recomputed = 0
-        if recomputing is not None and room_left is not None:
+        if moving is not None and room_left is not None:
             offloaded, recomputed = inputs_moved(tier(problem, report), calls, room_left, grads=grads,
-                                                 reserve=reserve, carrying=recomputing)
+                                                 reserve=reserve, carrying=moving)
             log.info("rematc: of %d blocks' inputs (%d B each), %d are offloaded to host memory (the "
-                     "2nd on) and the last %d recomputed from an earlier one's", calls, recomputing.carried,
+                     "2nd on) and the last %d recomputed from an earlier one's", calls, moving.carried,
                      offloaded, recomputed)
-        carried = recomputing.carried if recomputing is not None else 0
+        carried = moving.carried if moving is not None else 0
         dropped, self.dropped_names = freed_outputs(joint, num_fwd_outputs, captured, result.plan)
         emitted = emit(joint, captured, result.plan, num_fwd_outputs=num_fwd_outputs,
                        static_lifetime_input_indices=static)
@@ -1223,7 +1223,7 @@ class RematPartitioner(CustomPartitionerFn):
         # holds while later graphs' forwards run: the model's frame may still hold them.
         freed: tuple[Dropped, ...] = ()
         freed_bytes = 0
-        if self.options.outputs == "dropped" and calls == 1 and mix is None and recomputing is None:
+        if self.options.outputs == "dropped" and calls == 1 and mix is None and moving is None:
             freed, freed_bytes = freed_inputs(joint, num_fwd_outputs, static, read,
                                               self.share.returned_earlier(graph))
         if budget is not None and held < freed_bytes:
@@ -1237,7 +1237,7 @@ class RematPartitioner(CustomPartitionerFn):
                     if mix is not None else
                     calls_need([tier(problem, report)], [calls], grads=grads, reserve=later, carried=carried,
                                dropped=recomputed, offloaded=offloaded,
-                               recompute=recomputing.recompute if recomputing is not None else 0, freed=off))
+                               recompute=moving.recompute if moving is not None else 0, freed=off))
 
         need, alone = calls_with(mix.reserve if mix is not None else reserve), calls_with(0)
         if graph is not None:

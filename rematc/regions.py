@@ -214,7 +214,7 @@ class Carry:
     """What the blocks of one list carry from one to the next: each block's input (its
     first tensor argument) is the output of the block before. A plan may recompute the
     inputs of the last ``recomputed`` blocks (``PartitionRecord.inputs_recomputed``; each
-    compiled graph of the block sets it as it runs, :meth:`recomputing`): each such
+    compiled graph of the block sets it as it runs, :meth:`moving`): each such
     block's graph then saves a stand-in for its input (saved-tensor hooks around the
     graph's call), so the input is freed when the forward ends, and the
     first time the backward reads a stand-in, the blocks from the last kept input on run
@@ -245,7 +245,7 @@ class Carry:
         """The first block whose input is recomputed (``blocks`` where none is)."""
         return self.blocks - self.recomputed
 
-    def recomputing(self, compiled: Callable[..., Any], recomputed: int, offloaded: int = 0) -> Callable[..., Any]:
+    def moving(self, compiled: Callable[..., Any], recomputed: int, offloaded: int = 0) -> Callable[..., Any]:
         """``compiled`` (a block's graph, whose plan recomputes the inputs of the last
         ``recomputed`` blocks and offloads those of blocks 1 to ``offloaded``) as each
         block calls it: it sets how many are moved (each graph its own: a block
