@@ -143,9 +143,9 @@ _RESIZED: dict[int, dict[tuple[Any, int | None], int]] = {}
 def skip_frame_only(code: Any) -> None:
     """Have Dynamo run every frame of ``code`` as it is, without asking its callback, and
     still compile the frames it calls: what ``torch.compiler.disable(fn, recursive=False)``
-    means, which asks the callback again on each call of ``fn`` (a few hundred
-    microseconds a call on a CPU). Where this torch cannot say so per code object, nothing
-    changes: the callback goes on skipping the frame, call by call."""
+    means, which asks the callback again on each call of ``fn`` (docs/benchmarks.md has
+    its cost). Where this torch cannot say so per code object, nothing changes: the
+    callback goes on skipping the frame, call by call."""
     try:
         from torch._dynamo.eval_frame import skip_code
     except ImportError:  # pragma: no cover - a torch without code exec strategies

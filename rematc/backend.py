@@ -135,7 +135,7 @@ class Backend:
         if carry is not None and partitioner.record is not None:
             # the blocks whose inputs its plan recomputes or offloads (rematc.regions.Carry)
             return carry.moving(watched, partitioner.record.inputs_recomputed,
-                                     partitioner.record.inputs_offloaded)
+                                partitioner.record.inputs_offloaded)
         return watched
 
     def _say_outside(self, options: Options) -> None:
