@@ -178,9 +178,9 @@ def test_marking_twice_changes_nothing() -> None:
 
 
 def test_a_warm_regional_step_hands_dynamo_no_frame() -> None:
-    """Once compiled, a step runs each block's wrapper without Dynamo's callback: asked
-    on every call (``torch.compiler.disable(recursive=False)`` alone), the callback cost a
-    few hundred microseconds a block."""
+    """Once compiled, a step runs each block's wrapper without Dynamo's callback, which
+    ``torch.compiler.disable(recursive=False)`` alone asks again on every call (its cost:
+    docs/benchmarks.md)."""
     from torch._dynamo.utils import counters
 
     compiled = rematc.compile(llama(), regions=True, compiler="eager", cache_dir="off")
