@@ -1,29 +1,37 @@
-"""The planner's constants, each swept beside its neighbouring values on five model families.
+"""The planner's constants, each swept beside its neighbouring values on several model families.
 
 The constants of the chain and multi-level planners and of the dispatcher were first set on
 one model each (docs/constants.md). Here each is set, in a process of its own, to the value
 below and the value above its own, and the default planner (as the backend runs it: a
 time limit, a 1% step gap, a stall watch) plans every family at checkpointing every
-segment's peak and at 0.6 of it (both found once, with the constants as they are: the
+segment's peak and at a share of it (both found once, with the constants as they are: the
 segments move with ``PASSED_OVER``). A constant is well chosen where, on every family and
 budget, the plan at its value adds at most 2% more time than the best of its neighbours'.
 
 The families are traced on ``meta`` tensors (nothing is allocated) in bf16 for the H100
-profile, with its host link, so plans may offload: transformers' GPT-2 (12 layers) and
-GPT-2 medium (24), BERT-large, a TinyLlama-shaped transformers Llama, a ResNet-34-shaped
-network (``bench.models``, 224x224, batch 64) and the Llama-2-7B scale shape
-(``bench.scale``). The planner runs against the wall clock, so the constants' own values
-are planned three times, at the start, middle and end of the run: their spread is the
-noise any difference is read against. Nothing else may run meanwhile.
+profile, with its host link, so plans may offload. Below ``CHAIN_ONLY_CANDIDATES``
+decisions, where the flat search plans: transformers' GPT-2 (12 layers) and GPT-2 medium
+(24), BERT-large and a ResNet-34-shaped network (``bench.models``, 224x224, batch 64).
+Above it, where the chain model plans: a TinyLlama-shaped transformers Llama, the
+Llama-2-7B scale shape (``bench.scale``), and GPT-2 XL's and BERT-large's layers 64 deep
+and a ResNet of 80 basic blocks, deep enough for it. The planner runs against the wall
+clock, so the constants' own values are planned three times, at the start, middle and end
+of the run: their spread is the noise any difference is read against. Nothing else may
+run meanwhile.
 
 ``--deterministic`` plans under a limit of work instead (CP-SAT's deterministic seconds
 and the checker's replays, :mod:`solvers.deadline`), with the wall clock's backstop moved
 out of reach: the same constants then give the same plan on a busy machine as on a quiet
 one, and one run of a neighbour is evidence on its own. Its limit counts work, not
-seconds, and it has no stall watch (``config.stall_time`` is not swept).
+seconds, and it has no stall watch (``config.stall_time`` is not swept). Under it the
+chain model plans only above ``CHAIN_ONLY_CANDIDATES``, and the step relaxation's bound,
+whose work is not counted, takes nothing from the searches (``planner.BOUND_SHARE`` acts
+under the wall clock only).
 
     python -m bench.constants --cache DIR --out docs/constants-sweep.md
     python -m bench.constants --cache DIR --only chain.SPAN chain.DEAREST --families gpt2 llama2-7b
+    python -m bench.constants --cache DIR --deterministic --time-limit 5 --at 1.0 0.75 \\
+        --families tinyllama llama2-7b gpt2-xl-64 bert-large-64 resnet-80
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from solvers import (
     Problem,
     SolverConfig,
     chain,
+    cpsat,
     multilevel,
     planner,
     segments,
@@ -65,13 +74,28 @@ CONSTANTS: dict[str, tuple[Any, str, float, float]] = {
     "chain.OPTION_SHARE": (chain, "OPTION_SHARE", 0.25, 0.5),
     "chain.SINGLES_SHARE": (chain, "SINGLES_SHARE", 0.15, 0.35),
     "chain.ALL_SHARE": (chain, "ALL_SHARE", 0.5, 0.8),
+    "chain.AGAIN_SHARE": (chain, "AGAIN_SHARE", 0.6, 0.9),
+    "chain.COARSE_SHARE": (chain, "COARSE_SHARE", 0.35, 0.65),
+    "chain.NEXT_SHARE": (chain, "NEXT_SHARE", 0.35, 0.65),
+    "chain.PEAK_SHARE": (chain, "PEAK_SHARE", 0.35, 0.65),
+    "chain.LOOSEN": (chain, "LOOSEN", 0.005, 0.02),
+    "chain.HINT_WORK": (chain, "HINT_WORK", 0.5, 2.0),
+    "chain.SUB_LIMIT": (chain, "SUB_LIMIT", 2.5, 10.0),
     "multilevel.TIGHTEN": (multilevel, "TIGHTEN", 4, 8),
     "segments.PASSED_OVER": (segments, "PASSED_OVER", 1 / 16, 1 / 4),
     "planner.CHAIN_MIN_CANDIDATES": (planner, "CHAIN_MIN_CANDIDATES", 130, 300),
     "planner.CHAIN_ONLY_CANDIDATES": (planner, "CHAIN_ONLY_CANDIDATES", 700, 1500),
     "planner.CHAIN_SHARE": (planner, "CHAIN_SHARE", 0.2, 0.4),
+    "planner.LATE_GREEDY_SHARE": (planner, "LATE_GREEDY_SHARE", 0.025, 0.1),
+    "planner.SEED_SHARE": (planner, "SEED_SHARE", 0.1, 0.3),
+    "planner.PEAK_SEED_SHARE": (planner, "PEAK_SEED_SHARE", 0.35, 0.65),
+    "planner.RECOMPUTE_FIRST_SHARE": (planner, "RECOMPUTE_FIRST_SHARE", 0.35, 0.65),
+    "planner.BOUND_SHARE": (planner, "BOUND_SHARE", 0.025, 0.1),
+    "segments.LONG_LIVED": (segments, "LONG_LIVED", 1 / 8, 1 / 2),
+    "cpsat.TRANSFER_CHOICES": (cpsat, "TRANSFER_CHOICES", 4, 8),
     "config.stall_time": (None, "stall_time", 5.0, 20.0),
 }
+WALL_CLOCK_ONLY = ("config.stall_time", "planner.BOUND_SHARE")  # no effect under --deterministic
 AT = (1.0, 0.6)  # of checkpointing every segment's peak
 WITHIN = 0.02  # a constant's plans add at most this much more time than its best neighbour's
 # Under --deterministic, the wall clock's backstop as a multiple of the limit: out of reach,
@@ -112,15 +136,17 @@ def _hf(kind: str, **shape: int) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
     return build
 
 
-def _resnet34() -> tuple[Any, tuple[Any, ...]]:
-    import torch
+def _resnet(depths: tuple[int, ...]) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    def build() -> tuple[Any, tuple[Any, ...]]:
+        import torch
 
-    from bench.models import ResNet, ResNetConfig
+        from bench.models import ResNet, ResNetConfig
 
-    with torch.device("meta"):
-        model = ResNet(ResNetConfig(depths=(3, 4, 6, 3), n_class=1000))
-        inputs = (torch.zeros(64, 3, 224, 224), torch.zeros(64, dtype=torch.long))
-    return model.train(), inputs
+        with torch.device("meta"):
+            model = ResNet(ResNetConfig(depths=depths, n_class=1000))
+            inputs = (torch.zeros(64, 3, 224, 224), torch.zeros(64, dtype=torch.long))
+        return model.train(), inputs
+    return build
 
 
 FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
@@ -130,7 +156,13 @@ FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
                       intermediate_size=4096, batch=16, seq=512),
     "tinyllama": _hf("llama", hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
                      num_key_value_heads=4, intermediate_size=5632, vocab_size=32000, batch=4, seq=2048),
-    "resnet34": _resnet34,
+    "resnet34": _resnet((3, 4, 6, 3)),
+    # Deep enough that only the chain model plans them (past CHAIN_ONLY_CANDIDATES): GPT-2
+    # XL's layer and BERT-large's, 64 deep, and a ResNet of 80 basic blocks.
+    "gpt2-xl-64": _hf("gpt2", n_embd=1600, n_layer=64, n_head=25, vocab_size=50257, batch=4, seq=1024),
+    "bert-large-64": _hf("bert", hidden_size=1024, num_hidden_layers=64, num_attention_heads=16,
+                         intermediate_size=4096, batch=16, seq=512),
+    "resnet-80": _resnet((3, 8, 66, 3)),
 }
 SCALE = ("llama2-7b",)  # from bench.scale, traced there
 
@@ -298,8 +330,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    if args.deterministic:  # no stall watch to sweep
-        args.only = [name for name in args.only if name != "config.stall_time"]
+    if args.deterministic:  # no stall watch to sweep, and the bound's share takes no work
+        args.only = [name for name in args.only if name not in WALL_CLOCK_ONLY]
     args.decisions = {f: len(traced(f, args.cache).candidates) for f in args.families}
     # The budgets, from checkpointing every segment with the constants as they are: the
     # segments move with PASSED_OVER, and a budget moved with them would be no comparison.

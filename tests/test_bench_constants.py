@@ -53,3 +53,11 @@ def test_a_budget_no_value_plans_is_no_case_against_the_constant() -> None:
     text = "\n".join(constants.report({constants.BASE: [none] * 3, "chain.SPAN=low": [rows(1.0, 2.0)],
                                         "chain.SPAN=high": [none]}, args))
     assert "| `chain.SPAN` | 3 / 4 / 5 | inf |" in text
+
+
+def test_every_swept_constant_names_a_setting_between_its_neighbours() -> None:
+    """A renamed or moved constant fails here rather than in an hour-long sweep; each sits
+    strictly between the values it is compared with."""
+    for name, (_, _, low, high) in constants.CONSTANTS.items():
+        assert low < constants.current(name) < high, name
+
