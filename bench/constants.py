@@ -22,8 +22,11 @@ run meanwhile.
 ``--deterministic`` plans under a limit of work instead (CP-SAT's deterministic seconds
 and the checker's replays, :mod:`solvers.deadline`), with the wall clock's backstop moved
 out of reach: the same constants then give the same plan on a busy machine as on a quiet
-one, and one run of a neighbour is evidence on its own. Its limit counts work, not
-seconds, and it has no stall watch (``config.stall_time`` is not swept). Under it the
+one. A search is still a path, and a neighbour may land on a better or a worse plan by
+where a different constant sends it, as a different random seed would: the own values'
+three runs take seeds 0, 1 and 2 (``--seeds``), their spread is that noise, and each
+neighbour runs at seed 0. Its limit counts work, not seconds, and it has no stall watch
+(``config.stall_time`` is not swept). Under it the
 chain model plans only above ``CHAIN_ONLY_CANDIDATES``, and the step relaxation's bound,
 whose work is not counted, takes nothing from the searches (``planner.BOUND_SHARE`` acts
 under the wall clock only).
@@ -207,7 +210,7 @@ def worker(args: argparse.Namespace) -> None:
         name, value = args.set.split("=")
         adjust = setting(name, float(value))
     config = adjust(SolverConfig(time_limit=args.time_limit, step_gap=0.01, stall_time=10.0,
-                                 deterministic=args.deterministic))
+                                 deterministic=args.deterministic, seed=args.seed))
     if args.deterministic:
         deadlines.WALL_BACKSTOP = BACKSTOP_OUT_OF_REACH
     peaks = dict(zip(args.families, args.peaks, strict=True))
@@ -216,7 +219,7 @@ def worker(args: argparse.Namespace) -> None:
         for at in args.at:
             budget = int(peaks[family] * at)
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"family": family, "at": at, "budget": budget}
+            row: dict[str, Any] = {"family": family, "at": at, "budget": budget, "seed": args.seed}
             try:
                 r = planner.solve(problem.with_budget(budget), config)
                 row.update(added=r.report.added_time if r.report else None, peak=r.report.peak if r.report else None,
@@ -227,21 +230,24 @@ def worker(args: argparse.Namespace) -> None:
             print(json.dumps(row), flush=True)
 
 
-def settings(only: list[str]) -> list[str | None]:
-    """The processes to run, in order: as is at the start, middle and end; each constant's
-    value below and above interleaved between."""
-    changed: list[str | None] = []
+def settings(only: list[str], seeds: list[int]) -> list[tuple[str | None, int]]:
+    """The processes to run, in order, each a setting (None: as is) and a seed: as is at
+    the start, middle and end, at ``seeds``; each constant's value below and above
+    interleaved between, at seed 0."""
+    changed: list[tuple[str | None, int]] = []
     for name in only:
         _, _, low, high = CONSTANTS[name]
-        changed += [f"{name}={low}", f"{name}={high}"]
+        changed += [(f"{name}={low}", 0), (f"{name}={high}", 0)]
     half = len(changed) // 2
-    return [None, *changed[:half], None, *changed[half:], None]
+    first, middle, last = seeds
+    return [(None, first), *changed[:half], (None, middle), *changed[half:], (None, last)]
 
 
-def run(setting_: str | None, args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(setting_: str | None, seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "bench.constants", "--worker", "--cache", str(args.cache),
                "--time-limit", str(args.time_limit), "--families", *args.families,
-               "--peaks", *(str(p) for p in args.peaks), "--at", *(str(a) for a in args.at)]
+               "--peaks", *(str(p) for p in args.peaks), "--at", *(str(a) for a in args.at),
+               "--seed", str(seed)]
     if args.deterministic:
         command.append("--deterministic")
     if setting_:
@@ -264,7 +270,8 @@ def ms(seconds: float | None) -> str:
 def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namespace) -> list[str]:
     """The tables: the as-is runs and their spread, then per constant each case's added
     time at the value below, as is (the as-is runs' median) and above, and the ratio of
-    as is to the best of the three."""
+    as is to the best of the three; and the cases where a neighbour is more than 2% better
+    than the best of the own runs too, beyond their spread."""
     cases = [(f, at) for f in args.families for at in args.at]
 
     def added(rows: list[dict[str, Any]], case: tuple[str, float]) -> float | None:
@@ -274,25 +281,29 @@ def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namesp
     base_runs = results[BASE]
     limit = (f"A limit of {args.time_limit:g} s of work (deterministic), step gap 1%" if args.deterministic
              else f"Time limit {args.time_limit:g} s, step gap 1%, stall watch 10 s")
-    lines = [f"{limit}; added milliseconds of the plan the default planner found.", "",
+    seeds = " / ".join(str(rows[0].get("seed", 0)) for rows in base_runs)
+    lines = [f"{limit}; added milliseconds of the plan the default planner found. The own values' "
+             f"runs at seeds {seeds}, each neighbour's at seed 0.", "",
              "| family | budget | decisions | as is, 3 runs | spread |", "|---|---|---:|---|---:|"]
     median: dict[tuple[str, float], float | None] = {}
+    best: dict[tuple[str, float], float | None] = {}
     for case in cases:
         values = [added(rows, case) for rows in base_runs]
         known = sorted(v for v in values if v is not None)
         median[case] = known[len(known) // 2] if len(known) == len(values) else None
+        best[case] = known[0] if known else None
         spread = (known[-1] / known[0] - 1) if known and known[0] > 0 else 0.0
         decisions = args.decisions.get(case[0], 0)
         lines.append(f"| {case[0]} | {case[1]:g}x | {decisions:,} | {' / '.join(ms(v) for v in values)} | "
                      f"{spread:.1%} |")
-    lines += ["", "| constant | value below / as is / above | worst ratio of as is to the best | cases over 2% |",
-              "|---|---|---:|---|"]
+    lines += ["", "| constant | value below / as is / above | worst ratio of as is to the best | cases over 2% "
+              "| of which beyond the own runs' spread |", "|---|---|---:|---|---|"]
     details = ["", "Each case, added ms at the value below / as is / above:", ""]
     for name in args.only:
         low, high = results.get(f"{name}=low"), results.get(f"{name}=high")
         if not low or not high:
             continue
-        worst, over = 1.0, []
+        worst, over, beyond = 1.0, [], []
         cells = []
         for case in cases:
             a, b, c = added(low[0], case), median[case], added(high[0], case)
@@ -304,9 +315,13 @@ def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namesp
             worst = max(worst, ratio)
             if ratio > 1 + WITHIN:
                 over.append(f"{case[0]} {case[1]:g}x ({ratio - 1:+.1%})")
+                own = best[case]
+                if own is None or (own > 0 and own / min(known) > 1 + WITHIN):
+                    beyond.append(f"{case[0]} {case[1]:g}x")
             cells.append(f"{case[0]} {case[1]:g}x: {ms(a)} / {ms(b)} / {ms(c)}")
         _, _, lo, hi = CONSTANTS[name]
-        lines.append(f"| `{name}` | {lo:g} / {current(name):g} / {hi:g} | {worst:.3f} | {', '.join(over) or 'none'} |")
+        lines.append(f"| `{name}` | {lo:g} / {current(name):g} / {hi:g} | {worst:.3f} | {', '.join(over) or 'none'} "
+                     f"| {', '.join(beyond) or 'none'} |")
         details.append(f"* `{name}`: " + "; ".join(cells))
     return lines + details
 
@@ -323,8 +338,13 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="keep every run's rows here")
     p.add_argument("--deterministic", action="store_true",
                    help="a limit of work, not of wall time: the plans do not depend on the machine's load")
+    p.add_argument("--seeds", nargs=3, type=int,
+                   help="the own values' three runs' random seeds (default 0 0 0, and 0 1 2 under --deterministic)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: the tables of the runs kept in --json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--set", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--peaks", nargs="+", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -336,14 +356,19 @@ def main() -> None:
     # The budgets, from checkpointing every segment with the constants as they are: the
     # segments move with PASSED_OVER, and a budget moved with them would be no comparison.
     args.peaks = [every_segment(traced(f, args.cache)) for f in args.families]
+    seeds = args.seeds or ([0, 1, 2] if args.deterministic else [0, 0, 0])
     results: dict[str, list[list[dict[str, Any]]]] = {}
-    for s in settings(args.only):
+    if args.report_only:
+        if not args.json:
+            p.error("--report-only reads the runs kept in --json")
+        results = json.loads(args.json.read_text())
+    for s, seed in [] if args.report_only else settings(args.only, seeds):
         t0 = time.perf_counter()
-        rows = run(s, args)
+        rows = run(s, seed, args)
         key = BASE if s is None else s.split("=")[0] + ("=low" if float(s.split("=")[1]) < current(s.split("=")[0])
                                                          else "=high")
         results.setdefault(key, []).append(rows)
-        print(f"{s or BASE}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        print(f"{s or BASE} (seed {seed}): {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps(results))
     lines = report(results, args)

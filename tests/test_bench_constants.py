@@ -11,9 +11,10 @@ from bench import constants
 from solvers import chain
 
 
-def test_the_own_values_run_first_in_the_middle_and_last() -> None:
-    order = constants.settings(["chain.SPAN", "chain.FAR"])
-    assert order == [None, "chain.SPAN=3", "chain.SPAN=5", None, "chain.FAR=1.1", "chain.FAR=1.5", None]
+def test_the_own_values_run_first_in_the_middle_and_last_at_their_seeds() -> None:
+    order = constants.settings(["chain.SPAN", "chain.FAR"], [0, 1, 2])
+    assert order == [(None, 0), ("chain.SPAN=3", 0), ("chain.SPAN=5", 0), (None, 1), ("chain.FAR=1.1", 0),
+                     ("chain.FAR=1.5", 0), (None, 2)]
 
 
 def test_a_setting_sets_the_constant_with_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,7 +38,18 @@ def test_the_report_reads_the_median_of_the_own_runs_against_each_neighbour() ->
                               at=list(constants.AT), deterministic=False)
     text = "\n".join(constants.report(results, args))
     assert "| f | 1x | 7 | 1,000.0 / 1,100.0 / 1,200.0 | 20.0% |" in text
-    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.100 | f 1x (+10.0%) |" in text
+    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.100 | f 1x (+10.0%) | none |" in text
+
+
+def test_a_neighbour_better_than_every_own_run_is_beyond_the_spread() -> None:
+    """Over 2% better than the own runs' median but not than their best is within the
+    search's noise; over 2% better than their best is not."""
+    results = {constants.BASE: [rows(1.00, 2.0), rows(1.10, 2.2), rows(1.20, 2.2)],
+               "chain.SPAN=low": [rows(0.95, 2.1)], "chain.SPAN=high": [rows(1.2, 2.05)]}
+    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7},
+                              at=list(constants.AT), deterministic=True)
+    text = "\n".join(constants.report(results, args))
+    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.158 | f 1x (+15.8%), f 0.6x (+7.3%) | f 1x |" in text
 
 
 def test_a_budget_no_value_plans_is_no_case_against_the_constant() -> None:
@@ -48,7 +60,7 @@ def test_a_budget_no_value_plans_is_no_case_against_the_constant() -> None:
                               at=list(constants.AT), deterministic=True)
     text = "\n".join(constants.report({constants.BASE: [none] * 3, "chain.SPAN=low": [none],
                                         "chain.SPAN=high": [none]}, args))
-    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.000 | none |" in text
+    assert "| `chain.SPAN` | 3 / 4 / 5 | 1.000 | none | none |" in text
     assert text.startswith("A limit of 5 s of work (deterministic)")
     text = "\n".join(constants.report({constants.BASE: [none] * 3, "chain.SPAN=low": [rows(1.0, 2.0)],
                                         "chain.SPAN=high": [none]}, args))
