@@ -11,7 +11,8 @@ budget, the plan at its value adds at most 2% more time than the best of its nei
 The families are traced on ``meta`` tensors (nothing is allocated) in bf16 for the H100
 profile, with its host link, so plans may offload. Below ``CHAIN_ONLY_CANDIDATES``
 decisions, where the flat search plans: transformers' GPT-2 (12 layers) and GPT-2 medium
-(24), BERT-large and a ResNet-34-shaped network (``bench.models``, 224x224, batch 64).
+(24), BERT-large, TinyLlama's layer 12 deep and a ResNet-34-shaped network
+(``bench.models``, 224x224, batch 64).
 Above it, where the chain model plans: a TinyLlama-shaped transformers Llama, the
 Llama-2-7B scale shape (``bench.scale``), and GPT-2 XL's and BERT-large's layers 64 deep
 and a ResNet of 80 basic blocks, deep enough for it. The planner runs against the wall
@@ -160,6 +161,9 @@ FAMILIES: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
     "tinyllama": _hf("llama", hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
                      num_key_value_heads=4, intermediate_size=5632, vocab_size=32000, batch=4, seq=2048),
     "resnet34": _resnet((3, 4, 6, 3)),
+    # TinyLlama's layer 12 deep: a Llama the flat search plans (below CHAIN_ONLY_CANDIDATES)
+    "tinyllama-12": _hf("llama", hidden_size=2048, num_hidden_layers=12, num_attention_heads=32,
+                        num_key_value_heads=4, intermediate_size=5632, vocab_size=32000, batch=4, seq=2048),
     # Deep enough that only the chain model plans them (past CHAIN_ONLY_CANDIDATES): GPT-2
     # XL's layer and BERT-large's, 64 deep, and a ResNet of 80 basic blocks.
     "gpt2-xl-64": _hf("gpt2", n_embd=1600, n_layer=64, n_head=25, vocab_size=50257, batch=4, seq=1024),
