@@ -29,14 +29,18 @@ def rows(low: float, high: float) -> list[dict[str, object]]:
     return [{"family": "f", "at": at, "added": v} for at, v in zip(constants.AT, (low, high), strict=True)]
 
 
+def sweep(*, deterministic: bool, time_limit: float = 10.0) -> argparse.Namespace:
+    """The arguments of a sweep of chain.SPAN on one family "f" of 7 decisions."""
+    return argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=time_limit, decisions={"f": 7},
+                              at=list(constants.AT), deterministic=deterministic)
+
+
 def test_the_report_reads_the_median_of_the_own_runs_against_each_neighbour() -> None:
     """A neighbour 10% cheaper than the median of the own runs is flagged; one within 2%
     is not; the own runs' spread is reported."""
     results = {constants.BASE: [rows(1.00, 2.0), rows(1.10, 2.0), rows(1.20, 2.0)],
                "chain.SPAN=low": [rows(1.00, 1.98)], "chain.SPAN=high": [rows(1.2, 2.5)]}
-    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7},
-                              at=list(constants.AT), deterministic=False)
-    text = "\n".join(constants.report(results, args))
+    text = "\n".join(constants.report(results, sweep(deterministic=False)))
     assert "| f | 1x | 7 | 1,000.0 / 1,100.0 / 1,200.0 | 20.0% |" in text
     assert "| `chain.SPAN` | 3 / 4 / 5 | 1.100 | f 1x (+10.0%) | none |" in text
 
@@ -46,9 +50,7 @@ def test_a_neighbour_better_than_every_own_run_is_beyond_the_spread() -> None:
     search's noise; over 2% better than their best is not."""
     results = {constants.BASE: [rows(1.00, 2.0), rows(1.10, 2.2), rows(1.20, 2.2)],
                "chain.SPAN=low": [rows(0.95, 2.1)], "chain.SPAN=high": [rows(1.2, 2.05)]}
-    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=10.0, decisions={"f": 7},
-                              at=list(constants.AT), deterministic=True)
-    text = "\n".join(constants.report(results, args))
+    text = "\n".join(constants.report(results, sweep(deterministic=True)))
     assert "| `chain.SPAN` | 3 / 4 / 5 | 1.158 | f 1x (+15.8%), f 0.6x (+7.3%) | f 1x |" in text
 
 
@@ -56,8 +58,7 @@ def test_a_budget_no_value_plans_is_no_case_against_the_constant() -> None:
     """Below a family's least no value has a plan: that case agrees, while a neighbour
     with a plan where the own value has none is the worst case there is."""
     none = [{"family": "f", "at": at, "added": None} for at in constants.AT]
-    args = argparse.Namespace(families=["f"], only=["chain.SPAN"], time_limit=5.0, decisions={"f": 7},
-                              at=list(constants.AT), deterministic=True)
+    args = sweep(deterministic=True, time_limit=5.0)
     text = "\n".join(constants.report({constants.BASE: [none] * 3, "chain.SPAN=low": [none],
                                         "chain.SPAN=high": [none]}, args))
     assert "| `chain.SPAN` | 3 / 4 / 5 | 1.000 | none | none |" in text
