@@ -12,10 +12,10 @@ The families are traced on ``meta`` tensors (nothing is allocated) in bf16 for t
 profile, with its host link, so plans may offload. Below ``CHAIN_ONLY_CANDIDATES``
 decisions, where the flat search plans: transformers' GPT-2 (12 layers) and GPT-2 medium
 (24), BERT-large, TinyLlama's layer 12 deep and a ResNet-34-shaped network
-(``bench.models``, 224x224, batch 64).
-Above it, where the chain model plans: a TinyLlama-shaped transformers Llama, the
-Llama-2-7B scale shape (``bench.scale``), and GPT-2 XL's and BERT-large's layers 64 deep
-and a ResNet of 80 basic blocks, deep enough for it. The planner runs against the wall
+(``bench.models``, 224x224, batch 64). Above it, where the chain model plans: a
+TinyLlama-shaped transformers Llama, the Llama-2-7B scale shape (``bench.scale``), and
+GPT-2 XL's and BERT-large's layers 64 deep and a ResNet of 80 basic blocks, deep enough
+for it. The planner runs against the wall
 clock, so the constants' own values are planned three times, at the start, middle and end
 of the run: their spread is the noise any difference is read against. Nothing else may
 run meanwhile.
@@ -26,11 +26,11 @@ out of reach: the same constants then give the same plan on a busy machine as on
 one. A search is still a path, and a neighbour may land on a better or a worse plan by
 where a different constant sends it, as a different random seed would: the own values'
 three runs take seeds 0, 1 and 2 (``--seeds``), their spread is that noise, and each
-neighbour runs at seed 0. Its limit counts work, not seconds, and it has no stall watch
-(``config.stall_time`` is not swept). Under it the
-chain model plans only above ``CHAIN_ONLY_CANDIDATES``, and the step relaxation's bound,
-whose work is not counted, takes nothing from the searches (``planner.BOUND_SHARE`` acts
-under the wall clock only).
+neighbour runs at seed 0 and is read against the own run at seed 0. Its limit counts
+work, not seconds, and it has no stall watch (``config.stall_time`` is not swept). Under
+it the chain model plans only above ``CHAIN_ONLY_CANDIDATES``, and the step relaxation's
+bound, whose work is not counted, takes nothing from the searches (``planner.BOUND_SHARE``
+acts under the wall clock only).
 
     python -m bench.constants --cache DIR --out docs/constants-sweep.md
     python -m bench.constants --cache DIR --only chain.SPAN chain.DEAREST --families gpt2 llama2-7b
