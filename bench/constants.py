@@ -290,7 +290,7 @@ def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namesp
     seeds = " / ".join(str(rows[0].get("seed", 0)) for rows in base_runs)
     lines = [f"{limit}; added milliseconds of the plan the default planner found. The own values' "
              f"runs at seeds {seeds}, each neighbour's at seed 0.", "",
-             "| family | budget | decisions | as is, 3 runs | spread |", "|---|---|---:|---|---:|"]
+             f"| family | budget | decisions | as is, {len(base_runs)} runs | spread |", "|---|---|---:|---|---:|"]
     reference: dict[tuple[str, float], float | None] = {}
     best: dict[tuple[str, float], float | None] = {}
     for case in cases:
