@@ -297,8 +297,9 @@ def report(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namesp
         values = [added(rows, case) for rows in base_runs]
         known = sorted(v for v in values if v is not None)
         reference[case] = known[len(known) // 2] if len(known) == len(values) else None
-        if args.deterministic:
-            reference[case] = next(v for v, rows in zip(values, base_runs, strict=True) if rows[0].get("seed", 0) == 0)
+        if args.deterministic:  # the own run at the neighbours' seed, where there is one
+            reference[case] = next((v for v, rows in zip(values, base_runs, strict=True)
+                                    if rows[0].get("seed", 0) == 0), reference[case])
         best[case] = known[0] if known else None
         spread = (known[-1] / known[0] - 1) if known and known[0] > 0 else 0.0
         decisions = args.decisions.get(case[0], 0)
