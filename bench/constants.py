@@ -15,10 +15,9 @@ decisions, where the flat search plans: transformers' GPT-2 (12 layers) and GPT-
 (``bench.models``, 224x224, batch 64). Above it, where the chain model plans: a
 TinyLlama-shaped transformers Llama, the Llama-2-7B scale shape (``bench.scale``), and
 GPT-2 XL's and BERT-large's layers 64 deep and a ResNet of 80 basic blocks, deep enough
-for it. The planner runs against the wall
-clock, so the constants' own values are planned three times, at the start, middle and end
-of the run: their spread is the noise any difference is read against. Nothing else may
-run meanwhile.
+for it. The planner runs against the wall clock, so the constants' own values are planned
+three times, at the start, middle and end of the run: their spread is the noise any
+difference is read against. Nothing else may run meanwhile.
 
 ``--deterministic`` plans under a limit of work instead (CP-SAT's deterministic seconds
 and the checker's replays, :mod:`solvers.deadline`), with the wall clock's backstop moved
@@ -361,25 +360,27 @@ def main() -> None:
         return
     if args.deterministic:  # no stall watch to sweep, and the bound's share takes no work
         args.only = [name for name in args.only if name not in WALL_CLOCK_ONLY]
-    args.decisions = {f: len(traced(f, args.cache).candidates) for f in args.families}
-    # The budgets, from checkpointing every segment with the constants as they are: the
-    # segments move with PASSED_OVER, and a budget moved with them would be no comparison.
-    args.peaks = [every_segment(traced(f, args.cache)) for f in args.families]
-    seeds = args.seeds or ([0, 1, 2] if args.deterministic else [0, 0, 0])
+    problems = {f: traced(f, args.cache) for f in args.families}
+    args.decisions = {f: len(problem.candidates) for f, problem in problems.items()}
     results: dict[str, list[list[dict[str, Any]]]] = {}
     if args.report_only:
         if not args.json:
             p.error("--report-only reads the runs kept in --json")
         results = json.loads(args.json.read_text())
-    for s, seed in [] if args.report_only else settings(args.only, seeds):
-        t0 = time.perf_counter()
-        rows = run(s, seed, args)
-        key = BASE if s is None else s.split("=")[0] + ("=low" if float(s.split("=")[1]) < current(s.split("=")[0])
-                                                         else "=high")
-        results.setdefault(key, []).append(rows)
-        print(f"{s or BASE} (seed {seed}): {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(results))
+    else:
+        # The budgets, from checkpointing every segment with the constants as they are: the
+        # segments move with PASSED_OVER, and a budget moved with them would be no comparison.
+        args.peaks = [every_segment(problems[f]) for f in args.families]
+        seeds = args.seeds or ([0, 1, 2] if args.deterministic else [0, 0, 0])
+        for s, seed in settings(args.only, seeds):
+            t0 = time.perf_counter()
+            rows = run(s, seed, args)
+            name, _, value = s.partition("=") if s else (BASE, "", "")
+            key = name if s is None else name + ("=low" if float(value) < current(name) else "=high")
+            results.setdefault(key, []).append(rows)
+            print(f"{s or BASE} (seed {seed}): {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results))
     lines = report(results, args)
     print("\n".join(lines))
     if args.out:
