@@ -228,7 +228,10 @@ def worker(args: argparse.Namespace) -> None:
                 row.update(added=r.report.added_time if r.report else None, peak=r.report.peak if r.report else None,
                            source=str(r.stats.get("from", r.solver)))
             except InfeasibleBudgetError as e:
-                row.update(added=None, peak=None, source=f"infeasible (least {e.min_feasible})")
+                # Below the least peak: what the error states is the result (the least
+                # plan found, and the bound no plan beats where it is not proven).
+                row.update(added=None, peak=None, source=f"infeasible (least {e.min_feasible})",
+                           least=e.min_feasible, proven=e.proven, at_least=e.at_least)
             row["wall"] = time.perf_counter() - t0
             print(json.dumps(row), flush=True)
 

@@ -84,3 +84,24 @@ def test_every_swept_constant_names_a_setting_between_its_neighbours() -> None:
     for name, (_, _, low, high) in constants.CONSTANTS.items():
         assert low < constants.current(name) < high, name
 
+
+
+def test_below_the_least_peak_a_run_records_the_budget_and_bound_the_error_states(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A budget no plan fits is the case ``planner.BOUND_SHARE`` acts on: the worker's row
+    keeps the smallest budget the error states and its bound, not only a text."""
+    import json
+
+    from solvers import InfeasibleBudgetError, SolverConfig, planner
+    from tests.graphs import chain as chain_graph
+
+    problem = chain_graph()
+    monkeypatch.setattr(constants, "traced", lambda family, cache: problem)
+    args = argparse.Namespace(set=None, time_limit=1.0, deterministic=True, seed=0, families=["f"],
+                              peaks=[10**9], at=[1e-9], cache=None)
+    constants.worker(args)
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    with pytest.raises(InfeasibleBudgetError) as stated:
+        planner.solve(problem.with_budget(1), SolverConfig(time_limit=1.0, deterministic=True))
+    assert row["added"] is None and row["least"] == stated.value.min_feasible > 1
+    assert row["proven"] == stated.value.proven and row["at_least"] == stated.value.at_least
