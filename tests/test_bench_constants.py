@@ -1,14 +1,16 @@
-"""bench/constants.py's bookkeeping: which processes run, what each sets, and the report's
+"""bench/constants.py's bookkeeping: which processes run, what each sets and records, and the report's
 reading of the constants' own runs against their neighbours'."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from bench import constants
-from solvers import chain
+from solvers import InfeasibleBudgetError, SolverConfig, chain, planner
+from tests.graphs import chain as chain_graph
 
 
 def test_the_own_values_run_first_in_the_middle_and_last_at_their_seeds() -> None:
@@ -85,16 +87,10 @@ def test_every_swept_constant_names_a_setting_between_its_neighbours() -> None:
         assert low < constants.current(name) < high, name
 
 
-
 def test_below_the_least_peak_a_run_records_the_budget_and_bound_the_error_states(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A budget no plan fits is the case ``planner.BOUND_SHARE`` acts on: the worker's row
     keeps the smallest budget the error states and its bound, not only a text."""
-    import json
-
-    from solvers import InfeasibleBudgetError, SolverConfig, planner
-    from tests.graphs import chain as chain_graph
-
     problem = chain_graph()
     monkeypatch.setattr(constants, "traced", lambda family, cache: problem)
     args = argparse.Namespace(set=None, time_limit=1.0, deterministic=True, seed=0, families=["f"],

@@ -248,7 +248,8 @@ def test_the_copy_engines_carry_what_the_link_rooms_promise(deep_chain: chain.Ch
 
 @pytest.fixture(scope="module")
 def deep_chain() -> chain.Chain:
-    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2, deterministic=True), planner=planner.PLANNER)
+    built = chain.build_chain(deep(), SolverConfig(time_limit=10.0, workers=2, deterministic=True),
+                              planner=planner.PLANNER)
     assert built is not None
     return built
 
