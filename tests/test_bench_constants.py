@@ -1,5 +1,5 @@
-"""bench/constants.py's bookkeeping: which processes run, what each sets and records, and the report's
-reading of the constants' own runs against their neighbours'."""
+"""bench/constants.py's bookkeeping: which processes run, what each sets and records, and
+the report's reading of the constants' own runs against their neighbours'."""
 
 from __future__ import annotations
 
