@@ -131,6 +131,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -158,6 +159,10 @@ log = logging.getLogger(__name__)
 
 MAX_CUT_TERMS = 200_000  # bounds the size of add_memory_cuts: about 10 MB of model
 TRANSFER_CHOICES = 6  # steps an offloaded value's copy window may end (out) or start (back) at
+# Minimum-peak models this thread keeps (:func:`peak_model`): a solve with a host link whose
+# budget no plan fits searches the least peak of two problems (without the link, then
+# with it), each twice (for a seed, then for the error that explains the budget).
+PEAK_MODELS_KEPT = 2
 
 
 @dataclass
@@ -639,13 +644,32 @@ def peak_search(problem: Problem, config: SolverConfig, *, stop: cp_model.CpSolv
     hinted with ``start`` where given, within ``deadline`` (made from ``config`` where not
     given)."""
     deadline = deadline or Deadline.of(config)
-    model = build(problem.with_budget(None), minimize_peak=True)
+    model = peak_model(problem)
     if start is not None:
         hint(model, start)
     solver = make_peak_solver(config)
     within(solver, config, deadline)
     code = solved(solver, model.cp, deadline, stop)
     return model, solver, code
+
+
+_PEAK_MODELS = threading.local()  # .kept: the last models built, newest last
+
+
+def peak_model(problem: Problem) -> Model:
+    """The minimum-peak model of ``problem`` without its budget (:func:`build`), unhinted.
+    The model depends on the nodes and the host link only: the same model again, its hints
+    cleared, for a problem with the nodes (the same object) and link of one of the last
+    ``PEAK_MODELS_KEPT`` this thread asked for. A build takes 0.3-1 s at 250-600
+    decisions, and a solve whose budget no plan fits asked for each model twice."""
+    kept: list[Model] = getattr(_PEAK_MODELS, "kept", [])
+    for model in kept:
+        if model.problem.nodes is problem.nodes and model.problem.host_bandwidth == problem.host_bandwidth:
+            model.cp.clear_hints()
+            return model
+    model = build(problem.with_budget(None), minimize_peak=True)
+    _PEAK_MODELS.kept = [*kept, model][-PEAK_MODELS_KEPT:]
+    return model
 
 
 class StopAtMost(cp_model.CpSolverSolutionCallback):

@@ -116,29 +116,34 @@ def said_if_stopped_by_wall(deadline: Deadline, *, made: bool) -> Iterator[Deadl
 
 
 def min_feasible_peak(problem: Problem, config: SolverConfig = SolverConfig(), *,
-                      deadline: Deadline | None = None) -> SolveResult:
+                      deadline: Deadline | None = None, start: Plan | None = None) -> SolveResult:
     """The plan with the smallest checker peak (any added time); ``report.peak`` is the
     smallest feasible budget when the status is OPTIMAL. Where the search proves nothing,
-    never above the least peak of the plans :func:`known_plans` finds without a budget.
-    ``deadline`` as for :func:`solve`."""
+    never above the least peak of the plans :func:`known_plans` finds without a budget,
+    nor of ``start`` (a plan found before: the search starts from it). ``deadline`` as
+    for :func:`solve`."""
     if problem.single_phase:
         return anywhere.min_feasible_peak(problem, config)
     with said_if_stopped_by_wall(deadline or Deadline.of(config), made=deadline is None) as deadline:
-        return _min_feasible_peak(problem, config, deadline)
+        return _min_feasible_peak(problem, config, deadline, start)
 
 
-def _min_feasible_peak(problem: Problem, config: SolverConfig, deadline: Deadline) -> SolveResult:
+def _min_feasible_peak(problem: Problem, config: SolverConfig, deadline: Deadline, start: Plan | None
+                       ) -> SolveResult:
     t0 = time.perf_counter()
+    given = [] if start is None else [judged_least(problem, start, "start")]
     if not searched_flat(problem):  # the flat search would find less
-        known = least_known_peaks(problem, config, deadline=deadline)
+        known = [*given, *least_known_peaks(problem, config, deadline=deadline)]
     else:
         # With a host link, the least peak without it first (a plan here too, though not
-        # proven least: offload may go lower), to start the larger model's search.
-        local = least_peak_unlinked(problem, config, deadline)
+        # proven least: offload may go lower), to start the larger model's search; or the
+        # plan given, which a search begun from that one found (:func:`seeded`).
+        local = given or least_peak_unlinked(problem, config, deadline)
         # The chain model's least peak (:func:`least_known_peaks`) keeps its share.
         kept = config.time_limit * CHAIN_SHARE if chained(problem, config) else 0.0
-        found = cpsat.min_peak(problem, config, start=local[0].plan if local else None,
-                               deadline=deadline.part(deadline.left() - kept))
+        found = (local[0] if local and deadline.expired() else  # no time to search (out of time)
+                 cpsat.min_peak(problem, config, start=local[0].plan if local else None,
+                                deadline=deadline.part(deadline.left() - kept)))
         if found.status is Status.OPTIMAL:
             # Proven least as the flat model counts, every copy recomputed before one op
             # alive through it; the checker may find a rung of the holding ladder lower.
@@ -252,23 +257,25 @@ def finish(problem: Problem, config: SolverConfig, model: Model, solver: cp_mode
                                interrupted=interrupted)
     deadline = deadline or Deadline.of(config)
     found = cpsat.finish(problem, model, solver, code, started=started, stalled=stalled)
-    if found.status is Status.INFEASIBLE:
-        raise explained(problem, config, deadline=deadline)
+    if found.status is Status.INFEASIBLE:  # the seed, where there is one, is the least-peak plan found
+        raise explained(problem, config, deadline=deadline, start=model.seed)
     if found.status is Status.FEASIBLE:  # the step relaxation may prove more than the search did
         relaxed = bound.lower_bound(problem, seconds=bound_time(config, deadline)).seconds
         found = replace(found, bound=min(found.objective, max(found.bound, relaxed)))
     return found
 
 
-def explained(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = None
-              ) -> InfeasibleBudgetError:
+def explained(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = None,
+              start: Plan | None = None) -> InfeasibleBudgetError:
     """The error for ``problem``'s budget, proven infeasible: the least peak
-    (:func:`min_feasible_peak`) and, where that is not proven least, the budget the step
-    relaxation shows no plan fits under (:func:`solvers.bound.least_budget`), in what is
-    left of ``deadline`` (made from ``config`` where not given)."""
+    (:func:`min_feasible_peak`, from ``start`` where given: the least-peak plan found
+    before) and, where that is not proven least, the budget the step relaxation shows no
+    plan fits under (:func:`solvers.bound.least_budget`), in what is left of ``deadline``
+    (made from ``config`` where not given)."""
     assert problem.budget is not None
     deadline = deadline or Deadline.of(config)
-    peak = min_feasible_peak(problem, config, deadline=deadline.part(deadline.left() - bound_kept(config)))
+    peak = min_feasible_peak(problem, config, deadline=deadline.part(deadline.left() - bound_kept(config)),
+                             start=start)
     proven = peak.status is Status.OPTIMAL
     least = peak.report.peak if peak.report else None
     at_least = (bound.least_budget(problem, least, seconds=bound_time(config, deadline))
@@ -297,7 +304,8 @@ def seed(problem: Problem, config: SolverConfig, *, deadline: Deadline | None = 
     """A plan to start the search from: the cheapest within budget of the greedy's (given
     ``SEED_SHARE`` of the time), :func:`known_plans` and, with a host link, the plan found
     without it (:func:`recompute_only`); else the minimum-peak model's first plan within
-    budget (``PEAK_SEED_SHARE``), or the least-peak plan it found; or None. Raises
+    budget (``PEAK_SEED_SHARE``), or the least-peak plan it found (where it found none in
+    its time, the one found without the host link); or None. Raises
     :class:`InfeasibleBudgetError` when that search proves the least peak over the budget.
     Its searches run within ``deadline`` (made from ``config`` where not given).
     See docs/solvers.md, "solvers.solve"."""
@@ -313,12 +321,14 @@ def seeded(problem: Problem, config: SolverConfig, deadline: Deadline) -> Plan |
         return min(fitting, key=lambda r: r.objective).plan
     if problem.budget is None:
         return start.plan
+    if least is not None and deadline.expired():  # out of time to search for a lower one
+        return least
     t0 = time.perf_counter()
     capacity = problem.scale.capacity(problem.budget)
     model, solver, code = cpsat.peak_search(problem, config, stop=cpsat.StopAtMost(capacity), start=least,
                                             deadline=deadline.part(config.time_limit * PEAK_SEED_SHARE))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
+        return least
     plan = cpsat.extract_plan(model, solver)
     fits = solver.objective_value <= capacity
     if code == cp_model.OPTIMAL and not fits:
@@ -469,6 +479,14 @@ def least_peak_unlinked(problem: Problem, config: SolverConfig, deadline: Deadli
         return []
     report = check(problem, found.plan)
     return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time)]
+
+
+def judged_least(problem: Problem, plan: Plan, solver: str) -> SolveResult:
+    """``plan``, a least-peak plan found for ``problem`` or a part of it, judged against
+    ``problem``'s budget: status FEASIBLE (not proven least here)."""
+    report = check(problem, plan)
+    return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
+                       bound=0.0, wall_time=0.0, solver=solver)
 
 
 def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Chain | None = None,
