@@ -32,7 +32,7 @@ from solvers.baselines import (
     rejudged,
     selective,
 )
-from solvers.checker import check
+from solvers.checker import Report, check
 from solvers.deadline import Deadline
 from solvers.hostcopy import offload_hidden
 from solvers.plan import Plan
@@ -481,10 +481,11 @@ def least_peak_unlinked(problem: Problem, config: SolverConfig, deadline: Deadli
     return [replace(found, status=Status.FEASIBLE, report=report, objective=report.added_time)]
 
 
-def judged_least(problem: Problem, plan: Plan, solver: str) -> SolveResult:
-    """``plan``, a least-peak plan found for ``problem`` or a part of it, judged against
-    ``problem``'s budget: status FEASIBLE (not proven least here)."""
-    report = check(problem, plan)
+def judged_least(problem: Problem, plan: Plan, solver: str, report: Report | None = None) -> SolveResult:
+    """``plan``, a least-peak plan found for ``problem`` or a part of it, and the checker's
+    verdict on it against ``problem``'s budget (``report``, where given): status FEASIBLE
+    (not proven least here), the plan kept where it does not fit."""
+    report = report if report is not None else check(problem, plan)
     return SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
                        bound=0.0, wall_time=0.0, solver=solver)
 
@@ -519,10 +520,8 @@ def least_known_peaks(problem: Problem, config: SolverConfig, *, built: chain.Ch
             # Each was judged without a budget, on these nodes: only the verdict is left to
             # give (a check of each again took 2 s on Llama-2-70B).
             report = (replace(r.report, budget=problem.budget) if r.report is not None and r.report.budget is None
-                      else check(problem, r.plan))
-            out.append(SolveResult(status=Status.FEASIBLE, plan=r.plan, report=report,
-                                   objective=report.added_time, bound=0.0, wall_time=0.0,
-                                   solver="known-min-peak"))
+                      else None)
+            out.append(judged_least(problem, r.plan, "known-min-peak", report))
     return [*out, *stated(problem, fitting=False)]
 
 
@@ -547,12 +546,9 @@ def stated(problem: Problem, *, fitting: bool = True) -> list[SolveResult]:
     kept = _STATED.get(problem.with_budget(None)) if _STATED else None
     if kept is None:
         return []
-    plan = kept[1]
-    report = check(problem, plan)
-    if fitting and not report.fits:
-        return []
-    return [SolveResult(status=Status.FEASIBLE, plan=plan, report=report, objective=report.added_time,
-                        bound=0.0, wall_time=0.0, solver="stated")]
+    found = judged_least(problem, kept[1], "stated")
+    assert found.report is not None
+    return [] if fitting and not found.report.fits else [found]
 
 
 def forget_stated() -> None:
